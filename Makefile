@@ -1,0 +1,50 @@
+# lmsuite's entry points. Every target creates .venv when it is missing and installs into it.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PEERS := .venv-peers
+PEERS_STAMP := $(PEERS)/.installed
+# Run the suite on the host CPU with 8 virtual devices so sharding tests see a mesh.
+TEST_ENV := JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
+ARGS ?=
+
+.PHONY: install test test-all bench pretrain lint format clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile tests
+
+test-all: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile -m '' tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lmsuite tests benchmarks
+	$(VENV)/bin/ruff format --check lmsuite tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format lmsuite tests benchmarks
+	$(VENV)/bin/ruff check --fix lmsuite tests benchmarks
+
+# Peers whose pins conflict with ours (HF's Flax BERT needs transformers 4.57.x) live in their own venv.
+$(PEERS_STAMP): benchmarks/peers-requirements.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet -r benchmarks/peers-requirements.txt
+	touch $(PEERS_STAMP)
+
+bench: $(STAMP) $(PEERS_STAMP)
+	JAX_PLATFORMS=cpu $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python $(ARGS)
+
+pretrain: $(STAMP)
+	$(PY) -m lmsuite.cli pretrain $(ARGS)
+
+clean:
+	rm -rf $(VENV) $(PEERS) build *.egg-info

@@ -1,0 +1,59 @@
+"""Which converter handles which HF class, and the reverse guess from an lmsuite config."""
+
+from lmsuite.convert.common import Family
+from lmsuite.models import ModelConfig
+
+# Family modules, each defining FAMILY. A module that is not written yet is simply absent.
+_MODULES = ("bert", "roberta", "albert", "electra", "gpt2", "t5", "bart", "deberta")
+
+
+def families() -> list[Family]:
+    import importlib
+
+    out = []
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(f"lmsuite.convert.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"lmsuite.convert.{name}":
+                raise
+            continue
+        out.append(module.FAMILY)
+    return out
+
+
+def families_by_class() -> dict[str, Family]:
+    return {cls: fam for fam in families() for cls in fam.hf_classes}
+
+
+def infer_hf_class(config: ModelConfig) -> str:
+    """Guesses the HF class from config features; raises when the config has no HF twin."""
+    heads = set(config.heads)
+    arch = config.architecture
+    if arch == "decoder" and heads == {"lm"}:
+        return "GPT2LMHeadModel"
+    if arch == "encoder_decoder":
+        return "T5ForConditionalGeneration" if config.position_type == "t5_relative" else (
+            "BartForConditionalGeneration"
+        )
+    if arch == "encoder":
+        if config.position_type == "deberta":
+            return "DebertaV2ForMaskedLM" if config.deberta_position_buckets > 0 else (
+                "DebertaForMaskedLM"
+            )
+        if config.share_layers == "all":
+            return "AlbertForPreTraining"
+        if heads == {"rtd"}:
+            return "ElectraForPreTraining"
+        if config.position_offset == 2 and heads == {"mlm"}:
+            return "RobertaForMaskedLM"
+        if config.embed_width != config.d_model and heads == {"mlm"}:
+            return "ElectraForMaskedLM"
+        if heads == {"mlm", "classifier"}:
+            return "BertForPreTraining"
+        if heads == {"mlm"}:
+            return "BertForMaskedLM"
+    raise ValueError(
+        f"no HF class matches architecture={arch!r}, heads={sorted(heads)}, "
+        f"position_type={config.position_type!r}; pass hf_class= explicitly"
+    )

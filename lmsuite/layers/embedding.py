@@ -1,0 +1,36 @@
+"""Token (and any other lookup-table) embeddings, with `attend` for tied output projections."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from lmsuite.layers.dense import default_kernel_init
+
+
+class Embed(nn.Module):
+    """A (num_embeddings, features) lookup table whose rows carry `row_name` as logical axis."""
+
+    num_embeddings: int
+    features: int
+    row_name: str
+    col_name: str
+    init_stddev: float = 0.02
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding",
+            nn.with_logical_partitioning(
+                default_kernel_init(self.init_stddev), (self.row_name, self.col_name)
+            ),
+            (self.num_embeddings, self.features),
+            self.param_dtype,
+        )
+
+    def __call__(self, ids):
+        return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
+
+    def attend(self, x_BLE):
+        """Scores every row against `x`: the tied output projection (…, E) -> (…, V)."""
+        table_VE = jnp.asarray(self.embedding, self.dtype)
+        return jnp.einsum("...E,VE->...V", jnp.asarray(x_BLE, self.dtype), table_VE)

@@ -1,0 +1,81 @@
+"""Boolean attention masks, all broadcastable to (B, 1, L, M): True means "may attend".
+
+Masks combine with `&`. Every builder validates its inputs' ranks, since a wrongly shaped mask
+broadcasts silently into nonsense.
+"""
+
+import jax.numpy as jnp
+
+
+def _check_rank(name: str, x, rank: int):
+    if x.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {tuple(x.shape)}")
+
+
+def padding_mask(key_valid_BM) -> jnp.ndarray:
+    """Keys that are real tokens: (B, M) {0,1} or bool -> (B, 1, 1, M).
+
+    >>> padding_mask(jnp.array([[1, 1, 0]]))[0, 0, 0]
+    Array([ True,  True, False], dtype=bool)
+    """
+    _check_rank("attention_mask", key_valid_BM, 2)
+    return key_valid_BM.astype(bool)[:, None, None, :]
+
+
+def query_key_padding_mask(valid_BL) -> jnp.ndarray:
+    """Pairs whose query and key are both real tokens (DeBERTa's mask): (B, L) -> (B, 1, L, L)."""
+    _check_rank("attention_mask", valid_BL, 2)
+    v = valid_BL.astype(bool)
+    return (v[:, :, None] & v[:, None, :])[:, None]
+
+
+def causal_mask(length: int) -> jnp.ndarray:
+    """Query i sees keys j <= i: -> (1, 1, L, L).
+
+    >>> causal_mask(3)[0, 0].astype(int)
+    Array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=int32)
+    """
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def prefix_lm_mask(prefix_BL) -> jnp.ndarray:
+    """Causal everywhere, bidirectional inside the prefix: (B, L) -> (B, 1, L, L).
+
+    `prefix_BL` is 1 on the prefix (inputs) region; SeqIO's PrefixLMFeatureConverter calls it
+    `decoder_causal_attention`.
+
+    >>> prefix_lm_mask(jnp.array([[1, 1, 0]]))[0, 0].astype(int)
+    Array([[1, 1, 0], [1, 1, 0], [1, 1, 1]], dtype=int32)
+    """
+    _check_rank("prefix_mask", prefix_BL, 2)
+    p = prefix_BL.astype(bool)
+    both_in_prefix = p[:, :, None] & p[:, None, :]
+    return causal_mask(p.shape[1]) | both_in_prefix[:, None]
+
+
+def segment_mask(segment_q_BL, segment_k_BM) -> jnp.ndarray:
+    """Packed examples see only their own segment (ids > 0): -> (B, 1, L, M).
+
+    >>> segment_mask(jnp.array([[1, 1, 2]]), jnp.array([[1, 1, 2]]))[0, 0].astype(int)
+    Array([[1, 1, 0], [1, 1, 0], [0, 0, 1]], dtype=int32)
+    """
+    _check_rank("segment_ids", segment_q_BL, 2)
+    _check_rank("segment_ids", segment_k_BM, 2)
+    same = segment_q_BL[:, :, None] == segment_k_BM[:, None, :]
+    real = (segment_q_BL[:, :, None] > 0) & (segment_k_BM[:, None, :] > 0)
+    return (same & real)[:, None]
+
+
+def full_mask(mask_BLM) -> jnp.ndarray:
+    """An arbitrary per-example mask (UniLM, permutation LM): (B, L, M) -> (B, 1, L, M)."""
+    _check_rank("attention_mask", mask_BLM, 3)
+    return mask_BLM.astype(bool)[:, None]
+
+
+def combine(*masks) -> jnp.ndarray | None:
+    """Logical AND of the masks that are not None (None if all are)."""
+    out = None
+    for m in masks:
+        if m is not None:
+            out = m if out is None else out & m
+    return out

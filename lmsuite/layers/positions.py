@@ -1,0 +1,96 @@
+"""Position information: learned and sinusoidal absolute tables, T5 relative-position buckets.
+
+DeBERTa's disentangled relative positions live with its attention in `disentangled.py`.
+"""
+
+import math
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from lmsuite import partitioning as P
+from lmsuite.layers.dense import default_kernel_init
+
+
+def sinusoidal_table(num_positions: int, width: int) -> np.ndarray:
+    """Vaswani et al.'s table, interleaved as in the paper: PE[p, 2i] = sin(p / 10000^(2i/D)),
+    PE[p, 2i+1] = cos(same). Returns float32 (num_positions, width).
+
+    >>> sinusoidal_table(2, 4)[1].round(4)
+    array([0.8415, 0.5403, 0.01  , 1.    ], dtype=float32)
+    """
+    if width % 2:
+        raise ValueError(f"sinusoidal positions need an even width, got {width}")
+    pos = np.arange(num_positions, dtype=np.float64)[:, None]
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, width, 2, dtype=np.float64) / width))
+    table = np.zeros((num_positions, width), dtype=np.float64)
+    table[:, 0::2] = np.sin(pos * inv_freq)
+    table[:, 1::2] = np.cos(pos * inv_freq)
+    return table.astype(np.float32)
+
+
+def t5_relative_bucket(
+    relative_LM: np.ndarray, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> np.ndarray:
+    """Mesh-TF/T5's bucketing of key-minus-query distances into `num_buckets` ids.
+
+    Half the buckets (all of them when causal) hold exact distances 0..n/2-1; the rest cover
+    distances up to `max_distance` logarithmically; farther distances share the last bucket.
+    Bidirectional buckets give keys after the query the upper half of the ids. Causal buckets
+    map every key after the query to bucket 0 (the causal mask removes those pairs anyway).
+    Arithmetic is float32 as in the reference, so bucket edges agree exactly.
+
+    >>> t5_relative_bucket(np.array([[0, 1, -1, 200]]), bidirectional=True,
+    ...                    num_buckets=32, max_distance=128)
+    array([[ 0, 17,  1, 31]])
+    """
+    rel = np.asarray(relative_LM, dtype=np.int64)
+    out = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        out += (rel > 0).astype(np.int64) * num_buckets
+        dist = np.abs(rel)
+    else:
+        dist = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    scaled = (
+        np.log(np.maximum(dist, 1).astype(np.float32) / np.float32(max_exact))
+        / np.float32(math.log(max_distance / max_exact))
+        * np.float32(num_buckets - max_exact)
+    )
+    large = np.minimum(max_exact + scaled.astype(np.int64), num_buckets - 1)
+    return out + np.where(dist < max_exact, dist, large)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned per-head bias over relative-position buckets, shared by a stack's layers.
+
+    Parameter `rel_embedding` is (R, H). Returns the additive attention bias (1, H, L, M).
+    """
+
+    num_heads: int
+    num_buckets: int
+    max_distance: int
+    bidirectional: bool
+    init_stddev: float = 0.02
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, q_len: int, k_len: int):
+        table_RH = self.param(
+            "rel_embedding",
+            nn.with_logical_partitioning(default_kernel_init(self.init_stddev), (P.TABLE, P.HEADS)),
+            (self.num_buckets, self.num_heads),
+            self.param_dtype,
+        )
+        rel_LM = np.arange(k_len)[None, :] - np.arange(q_len)[:, None]
+        bucket_LM = t5_relative_bucket(
+            rel_LM,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        bias_LMH = jnp.take(jnp.asarray(table_RH, self.dtype), jnp.asarray(bucket_LM), axis=0)
+        return jnp.transpose(bias_LMH, (2, 0, 1))[None]

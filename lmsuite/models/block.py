@@ -1,0 +1,107 @@
+"""One Transformer layer: self-attention, optional cross-attention, MLP; pre- or post-norm."""
+
+import flax.linen as nn
+
+from lmsuite import partitioning as P
+from lmsuite.layers.attention import MultiHeadAttention
+from lmsuite.layers.mlp import MLP
+from lmsuite.layers.norm import make_norm
+from lmsuite.models.config import ModelConfig
+
+
+def make_attention(config: ModelConfig, *, name: str, cross: bool = False) -> nn.Module:
+    """The self- or cross-attention module a config asks for."""
+    if config.position_type == "deberta" and not cross:
+        from lmsuite.layers.disentangled import DisentangledAttention
+
+        return DisentangledAttention(config=config, name=name)
+    return MultiHeadAttention(
+        num_heads=config.num_heads,
+        head_dim=config.head_width,
+        use_bias=config.use_bias,
+        use_key_bias=config.use_key_bias,
+        scale_logits=config.scale_attention,
+        dropout_rate=config.attention_dropout_rate,
+        init_stddev=config.init_stddev,
+        dtype=config.compute_dtype,
+        name=name,
+    )
+
+
+def make_mlp(config: ModelConfig, *, name: str) -> MLP:
+    return MLP(
+        d_ff=config.d_ff,
+        activation=config.activation,
+        use_bias=config.use_bias,
+        dropout_rate=config.dropout_rate if config.mlp_inner_dropout else 0.0,
+        init_stddev=config.init_stddev,
+        dtype=config.compute_dtype,
+        name=name,
+    )
+
+
+class Block(nn.Module):
+    """x_BLD -> x_BLD. Pass `attention` / `mlp` instances to share them across layers.
+
+    Submodules: `attention`, `cross_attention`, `mlp`, and norms named by their place:
+    `pre_attention_norm`, `pre_cross_attention_norm`, `pre_mlp_norm` (pre-norm) or
+    `post_attention_norm`, `post_cross_attention_norm`, `post_mlp_norm` (post-norm).
+    """
+
+    config: ModelConfig
+    has_cross: bool = False
+    attention: nn.Module | None = None
+    mlp: nn.Module | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BLD,
+        *,
+        mask=None,
+        bias_BHLM=None,
+        encoded_BMD=None,
+        cross_mask=None,
+        deterministic=True,
+        attention_kwargs=None,
+    ):
+        cfg = self.config
+        pre = cfg.norm_position == "pre"
+        where = "pre" if pre else "post"
+        norm = lambda what: make_norm(
+            cfg.norm_type,
+            eps=cfg.norm_eps,
+            use_bias=cfg.use_bias,
+            dtype=cfg.compute_dtype,
+            name=f"{where}_{what}_norm",
+        )
+        drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+
+        def sublayer(x, what, fn):
+            if pre:
+                return x + drop(fn(norm(what)(x)))
+            return norm(what)(x + drop(fn(x)))
+
+        attention = self.attention or make_attention(cfg, name="attention")
+        x_BLD = sublayer(
+            x_BLD,
+            "attention",
+            lambda h: attention(
+                h,
+                h,
+                mask=mask,
+                bias_BHLM=bias_BHLM,
+                deterministic=deterministic,
+                **(attention_kwargs or {}),
+            ),
+        )
+        if self.has_cross:
+            cross = make_attention(cfg, name="cross_attention", cross=True)
+            x_BLD = sublayer(
+                x_BLD,
+                "cross_attention",
+                lambda h: cross(h, encoded_BMD, mask=cross_mask, deterministic=deterministic),
+            )
+        mlp = self.mlp or make_mlp(cfg, name="mlp")
+        x_BLD = sublayer(x_BLD, "mlp", lambda h: mlp(h, deterministic=deterministic))
+        return nn.with_logical_constraint(x_BLD, (P.BATCH, P.LENGTH, P.EMBED))

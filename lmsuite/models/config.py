@@ -1,0 +1,179 @@
+"""`ModelConfig`: the one frozen dataclass that describes every lmsuite architecture."""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from lmsuite.layers.mlp import ACTIVATIONS
+from lmsuite.layers.norm import NORM_TYPES
+
+ARCHITECTURES = ("encoder", "decoder", "prefix_lm", "encoder_decoder")
+POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "none")
+SHARING = ("none", "all", "attention", "ffn")
+HEADS = ("mlm", "lm", "classifier", "rtd")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Everything that decides parameter shapes and the forward computation.
+
+    Variants are made with `config.replace(...)`. Field groups:
+      sizes            vocab_size V, d_model D, num_heads H, head_dim K (default D // H), d_ff F,
+                       num_layers (encoder or decoder-only stack), num_decoder_layers,
+                       embedding_dim E (default D; E != D factorises the embedding as in ALBERT),
+                       type_vocab_size T (0: no segment embeddings), max_length (position table).
+      positions        position_type; position_offset (RoBERTa/BART reserve the first 2 rows);
+                       relative_buckets / relative_max_distance (T5); deberta_* (DeBERTa).
+      block            activation (gelu, gelu_tanh, relu, silu, geglu, geglu_tanh, swiglu),
+                       norm_type, norm_eps, norm_position ("post" as BERT, "pre" as GPT-2/T5),
+                       use_bias, scale_attention (False: T5 folds 1/sqrt(K) into the init).
+      embeddings       embedding_norm (LayerNorm after the sum, BERT), scale_embeddings
+                       (multiply tokens by sqrt(D), BART/Transformer), final_norm (after the
+                       last block, needed by pre-norm stacks).
+      sharing          share_layers: none, all (ALBERT), attention, ffn (ALBERT's ablation).
+      heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
+                       (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA).
+    """
+
+    architecture: str = "encoder"
+    vocab_size: int = 30522
+    d_model: int = 768
+    num_heads: int = 12
+    head_dim: int | None = None
+    d_ff: int = 3072
+    num_layers: int = 12
+    num_decoder_layers: int | None = None
+    embedding_dim: int | None = None
+    type_vocab_size: int = 2
+    max_length: int = 512
+
+    position_type: str = "learned"
+    position_offset: int = 0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # DeBERTa disentangled attention.
+    deberta_max_relative_positions: int = -1  # -1: max_length
+    deberta_position_buckets: int = -1  # -1: no log buckets (v1); v2/v3 use 256
+    deberta_share_att_key: bool = False
+    deberta_pos_att_type: tuple[str, ...] = ("c2p", "p2c")
+    deberta_norm_rel_embeddings: bool = False
+    deberta_position_biased_input: bool = False
+
+    activation: str = "gelu"
+    head_activation: str | None = None  # MLM/RTD transform activation; default: activation
+    norm_type: str = "layernorm"
+    norm_eps: float = 1e-12
+    norm_position: str = "post"
+    use_bias: bool = True
+    use_key_bias: bool = True
+    scale_attention: bool = True
+    embedding_norm: bool = True
+    scale_embeddings: bool = False
+    final_norm: bool = False
+    mask_padded_queries: bool = False  # DeBERTa: padded queries attend to nothing
+
+    share_layers: str = "none"
+
+    heads: tuple[str, ...] = ("mlm",)
+    mlm_transform: bool = True
+    tie_embeddings: bool = True
+    output_bias: bool = True
+    scale_tied_output: bool = False  # T5 1.0: multiply by D**-0.5 before the tied projection
+    num_labels: int = 2
+
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    mlp_inner_dropout: bool = False  # T5 applies dropout between the two FFN matmuls
+    init_stddev: float = 0.02
+
+    pad_id: int = 0
+    decoder_start_id: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        self._validate()
+
+    # ----------------------------------------------------------------------------- derived
+    @property
+    def head_width(self) -> int:
+        """K: the per-head width."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def embed_width(self) -> int:
+        """E: the token-embedding width."""
+        return self.embedding_dim if self.embedding_dim is not None else self.d_model
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_decoder_layers if self.num_decoder_layers is not None else self.num_layers
+
+    @property
+    def compute_dtype(self) -> Any:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def mlm_activation(self) -> str:
+        return self.head_activation if self.head_activation is not None else self.activation
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the position table can index."""
+        if self.position_type in ("learned", "sinusoidal"):
+            return self.max_length - self.position_offset
+        return self.max_length
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # -------------------------------------------------------------------------- validation
+    def _validate(self):
+        def choice(name, options):
+            value = getattr(self, name)
+            if value not in options:
+                raise ValueError(f"ModelConfig.{name} must be one of {options}, got {value!r}")
+
+        def positive(name):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+
+        choice("architecture", ARCHITECTURES)
+        choice("position_type", POSITION_TYPES)
+        choice("share_layers", SHARING)
+        choice("norm_type", NORM_TYPES)
+        choice("norm_position", ("pre", "post"))
+        choice("activation", tuple(ACTIVATIONS))
+        choice("dtype", DTYPES)
+        if self.head_activation is not None:
+            choice("head_activation", tuple(ACTIVATIONS))
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_length"):
+            positive(name)
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                "set head_dim explicitly"
+            )
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if not 0 <= self.position_offset < self.max_length:
+            raise ValueError(
+                f"position_offset={self.position_offset} must lie in [0, max_length={self.max_length})"
+            )
+        unknown = [h for h in self.heads if h not in HEADS]
+        if unknown:
+            raise ValueError(f"unknown heads {unknown}; expected a subset of {HEADS}")
+        if self.architecture == "encoder" and "lm" in self.heads:
+            raise ValueError("an encoder has no causal `lm` head; use `mlm`")
+        if self.architecture != "encoder" and {"mlm", "rtd"} & set(self.heads):
+            raise ValueError(f"heads mlm/rtd need architecture='encoder', got {self.architecture!r}")
+        if self.position_type == "deberta" and self.architecture != "encoder":
+            raise ValueError("position_type='deberta' is implemented for encoders only")
+        if self.share_layers != "none" and self.architecture == "encoder_decoder":
+            raise ValueError("cross-layer sharing is implemented for single-stack models only")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value}")

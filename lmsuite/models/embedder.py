@@ -1,0 +1,89 @@
+"""Input embeddings of one stack: tokens, segment types, absolute positions, norm, projection."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from lmsuite import partitioning as P
+from lmsuite.layers.dense import DenseGeneral, default_kernel_init
+from lmsuite.layers.embedding import Embed
+from lmsuite.layers.norm import make_norm
+from lmsuite.layers.positions import sinusoidal_table
+from lmsuite.models.config import ModelConfig
+
+
+def make_token_embedder(config: ModelConfig) -> Embed:
+    """The (V, E) token table, shared by encoder, decoder and tied output heads."""
+    return Embed(
+        num_embeddings=config.vocab_size,
+        features=config.embed_width,
+        row_name=P.VOCAB,
+        col_name=P.EMBED,
+        init_stddev=config.init_stddev,
+        dtype=config.compute_dtype,
+        name="token_embedder",
+    )
+
+
+class Embedder(nn.Module):
+    """ids_BL -> x_BLD: token (+ type) (+ position) embeddings, optional norm, E -> D projection.
+
+    Submodules: `type_embedder` (T, E), `position_embedder` (max_length, E), `embedding_norm`,
+    `embedding_projection` (E -> D when E != D, ALBERT/ELECTRA: applied after the norm).
+    """
+
+    config: ModelConfig
+    token_embedder: nn.Module
+    use_types: bool = True
+
+    @nn.compact
+    def __call__(self, ids_BL, *, type_ids_BL=None, position_ids_BL=None, deterministic=True):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        x_BLE = self.token_embedder(ids_BL)
+        if cfg.scale_embeddings:
+            x_BLE = x_BLE * jnp.asarray(cfg.d_model**0.5, dtype)
+        if position_ids_BL is None:
+            position_ids_BL = jnp.arange(ids_BL.shape[1])[None, :]
+        if cfg.position_type == "learned" or (
+            cfg.position_type == "deberta" and cfg.deberta_position_biased_input
+        ):
+            table = Embed(
+                num_embeddings=cfg.max_length,
+                features=cfg.embed_width,
+                row_name=P.TABLE,
+                col_name=P.EMBED,
+                init_stddev=cfg.init_stddev,
+                dtype=dtype,
+                name="position_embedder",
+            )
+            x_BLE = x_BLE + table(position_ids_BL + cfg.position_offset)
+        elif cfg.position_type == "sinusoidal":
+            table_PE = jnp.asarray(sinusoidal_table(cfg.max_length, cfg.embed_width), dtype)
+            x_BLE = x_BLE + jnp.take(table_PE, position_ids_BL + cfg.position_offset, axis=0)
+        if self.use_types and cfg.type_vocab_size > 0:
+            if type_ids_BL is None:
+                type_ids_BL = jnp.zeros_like(ids_BL)
+            types = Embed(
+                num_embeddings=cfg.type_vocab_size,
+                features=cfg.embed_width,
+                row_name=P.TABLE,
+                col_name=P.EMBED,
+                init_stddev=cfg.init_stddev,
+                dtype=dtype,
+                name="type_embedder",
+            )
+            x_BLE = x_BLE + types(type_ids_BL)
+        if cfg.embedding_norm:
+            norm = make_norm(cfg.norm_type, eps=cfg.norm_eps, name="embedding_norm", dtype=dtype)
+            x_BLE = norm(x_BLE)
+        x_BLE = nn.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
+        if cfg.embed_width != cfg.d_model:
+            x_BLE = DenseGeneral(
+                (cfg.d_model,),
+                (P.EMBED,),
+                (P.EMBED,),
+                kernel_init=default_kernel_init(cfg.init_stddev),
+                dtype=dtype,
+                name="embedding_projection",
+            )(x_BLE)
+        return nn.with_logical_constraint(x_BLE, (P.BATCH, P.LENGTH, P.EMBED))

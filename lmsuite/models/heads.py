@@ -1,0 +1,101 @@
+"""Output heads: vocabulary (MLM with transform, LM), pooled classifier, ELECTRA's RTD."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from lmsuite import partitioning as P
+from lmsuite.layers.dense import DenseGeneral, default_kernel_init
+from lmsuite.layers.mlp import activation_fn
+from lmsuite.layers.norm import make_norm
+from lmsuite.models.config import ModelConfig
+
+
+def gather_positions(x_BLD, positions_BP):
+    """Rows of x at the given positions: (B, L, D), (B, P) -> (B, P, D).
+
+    >>> gather_positions(jnp.arange(6.0).reshape(1, 3, 2), jnp.array([[2, 0]]))
+    Array([[[4., 5.], [0., 1.]]], dtype=float32)
+    """
+    if positions_BP.ndim != 2 or positions_BP.shape[0] != x_BLD.shape[0]:
+        raise ValueError(
+            f"masked_positions must be (batch={x_BLD.shape[0]}, P), got {tuple(positions_BP.shape)}"
+        )
+    return jnp.take_along_axis(x_BLD, positions_BP[:, :, None].astype(jnp.int32), axis=1)
+
+
+class VocabHead(nn.Module):
+    """x_B?D -> logits_B?V. With `transform` (BERT's MLM head): dense D -> E, activation, norm.
+
+    The output projection is the token table (tied) or `output_projection` (E, V), plus
+    `output_bias` (V,) when config.output_bias.
+    """
+
+    config: ModelConfig
+    token_embedder: nn.Module
+    transform: bool
+
+    @nn.compact
+    def __call__(self, x_BLD):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        kinit = default_kernel_init(cfg.init_stddev)
+        x = x_BLD
+        if self.transform:
+            x = DenseGeneral(
+                (cfg.embed_width,), (P.EMBED,), (P.EMBED,), kernel_init=kinit, dtype=dtype,
+                name="transform",
+            )(x)
+            x = activation_fn(cfg.mlm_activation)(x)
+            x = make_norm(cfg.norm_type, eps=cfg.norm_eps, dtype=dtype, name="transform_norm")(x)
+        if cfg.tie_embeddings:
+            if cfg.scale_tied_output:
+                x = x * jnp.asarray(cfg.d_model**-0.5, dtype)
+            logits = self.token_embedder.attend(x)
+        else:
+            logits = DenseGeneral(
+                (cfg.vocab_size,), (P.EMBED,), (P.VOCAB,), use_bias=False, kernel_init=kinit,
+                dtype=dtype, name="output_projection",
+            )(x)
+        if cfg.output_bias:
+            bias_V = self.param(
+                "output_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros_init(), (P.VOCAB,)),
+                (cfg.vocab_size,),
+            )
+            logits = logits + jnp.asarray(bias_V, dtype).reshape((1,) * (logits.ndim - 1) + (-1,))
+        return logits
+
+
+class Classifier(nn.Module):
+    """The first token's state -> `pooler` (dense + tanh) -> `output` (num_labels logits).
+
+    BERT's NSP, ALBERT's SOP, StructBERT's 3-way pairs and fine-tuning probes all use it.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BLD, *, deterministic=True):
+        cfg = self.config
+        kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
+        pooled_BD = jnp.tanh(
+            DenseGeneral((cfg.d_model,), (P.EMBED,), (P.EMBED,), name="pooler", **kw)(x_BLD[:, 0])
+        )
+        pooled_BD = nn.Dropout(cfg.dropout_rate)(pooled_BD, deterministic=deterministic)
+        return DenseGeneral((cfg.num_labels,), (P.EMBED,), (P.TABLE,), name="output", **kw)(
+            pooled_BD
+        )
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator: dense D -> D, activation, dense D -> 1; logits_BL."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BLD):
+        cfg = self.config
+        kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
+        h = DenseGeneral((cfg.d_model,), (P.EMBED,), (P.EMBED,), name="dense", **kw)(x_BLD)
+        h = activation_fn(cfg.mlm_activation)(h)
+        return DenseGeneral((1,), (P.EMBED,), (P.TABLE,), name="output", **kw)(h)[..., 0]

@@ -1,0 +1,277 @@
+"""`Transformer`: the one Flax module behind every lmsuite architecture.
+
+    encoder          BERT, RoBERTa, ALBERT, ELECTRA, DeBERTa: bidirectional over padding.
+    decoder          GPT: causal.
+    prefix_lm        a decoder whose prefix (marked by `prefix_mask`) is bidirectional.
+    encoder_decoder  T5, BART, MASS: a bidirectional encoder, a causal decoder with cross-attention.
+
+Parameters live outside the module: `params = Transformer(cfg).init(rng, ids)["params"]`.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lmsuite.layers import masks
+from lmsuite.models.config import ModelConfig
+from lmsuite.models.embedder import Embedder, make_token_embedder
+from lmsuite.models.heads import Classifier, ReplacedTokenHead, VocabHead, gather_positions
+from lmsuite.models.stack import Stack
+
+
+def _is_concrete(x) -> bool:
+    return x is not None and not isinstance(x, jax.core.Tracer)
+
+
+def _check_ids(name: str, ids, limit: int):
+    """Rank, dtype and (when the values are known, i.e. outside jit) range of an id array."""
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be (batch, length), got shape {tuple(ids.shape)}")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integers, got dtype {ids.dtype}")
+    if _is_concrete(ids) and ids.size:
+        values = np.asarray(ids)
+        lo, hi = int(values.min()), int(values.max())
+        if lo < 0 or hi >= limit:
+            bad = hi if hi >= limit else lo
+            raise ValueError(f"{name} holds id {bad}, outside [0, {limit})")
+
+
+def _check_same_shape(name: str, x, ref_name: str, ref):
+    if x is not None and tuple(x.shape) != tuple(ref.shape):
+        raise ValueError(
+            f"{name} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}"
+        )
+
+
+def _check_length(config: ModelConfig, name: str, length: int):
+    if config.position_type in ("learned", "sinusoidal") and length > config.max_positions:
+        raise ValueError(
+            f"{name} has length {length}, longer than the position table "
+            f"(max_length={config.max_length} - position_offset={config.position_offset} "
+            f"= {config.max_positions} positions)"
+        )
+
+
+def validate_inputs(
+    config: ModelConfig,
+    input_ids,
+    *,
+    token_type_ids=None,
+    position_ids=None,
+    segment_ids=None,
+    prefix_mask=None,
+    decoder_input_ids=None,
+):
+    """Raises ValueError for inputs the model cannot take; id ranges are checked when concrete."""
+    cfg = config
+    _check_ids("input_ids", input_ids, cfg.vocab_size)
+    _check_length(cfg, "input_ids", input_ids.shape[1])
+    if token_type_ids is not None:
+        if cfg.type_vocab_size == 0:
+            raise ValueError("token_type_ids given, but the config has type_vocab_size=0")
+        _check_ids("token_type_ids", token_type_ids, cfg.type_vocab_size)
+        _check_same_shape("token_type_ids", token_type_ids, "input_ids", input_ids)
+    for name, x in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+        _check_same_shape(name, x, "input_ids", input_ids)
+    if prefix_mask is not None and cfg.architecture != "prefix_lm":
+        raise ValueError(f"prefix_mask is for architecture='prefix_lm', not {cfg.architecture!r}")
+    if cfg.architecture == "prefix_lm" and prefix_mask is None:
+        raise ValueError("architecture='prefix_lm' needs prefix_mask (B, L)")
+
+    if decoder_input_ids is not None:
+        if cfg.architecture != "encoder_decoder":
+            raise ValueError(f"decoder_input_ids given to architecture={cfg.architecture!r}")
+        _check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
+        _check_length(cfg, "decoder_input_ids", decoder_input_ids.shape[1])
+
+
+class Transformer(nn.Module):
+    """ids -> dict of outputs: `hidden` and one entry per configured head.
+
+    Outputs: `mlm_logits` (B, P, V) at `masked_positions`, or (B, L, V) without them;
+    `lm_logits` (B, L, V); `classifier_logits` (B, num_labels); `rtd_logits` (B, L).
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        *,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        segment_ids=None,
+        prefix_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        decoder_position_ids=None,
+        decoder_segment_ids=None,
+        masked_positions=None,
+        deterministic: bool = True,
+    ) -> dict[str, jax.Array]:
+        """Runs the model.
+
+        Args:
+          input_ids: (B, L) token ids (the encoder's inputs for encoder_decoder).
+          attention_mask: (B, L) 1 for real tokens, or a full (B, L, L) boolean mask.
+          token_type_ids: (B, L) segment-type ids (needs type_vocab_size > 0).
+          position_ids: (B, L) 0-based positions (packing restarts them); default arange.
+          segment_ids: (B, L) packed-example ids (> 0); attention stays within a segment.
+          prefix_mask: (B, L) 1 on the bidirectional prefix (prefix_lm only).
+          decoder_*: the same for the decoder of an encoder_decoder model.
+          masked_positions: (B, P) positions at which to compute MLM logits.
+          deterministic: False enables dropout (needs a "dropout" rng).
+        """
+        cfg = self.config
+        validate_inputs(
+            cfg,
+            input_ids,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            segment_ids=segment_ids,
+            prefix_mask=prefix_mask,
+            decoder_input_ids=decoder_input_ids,
+        )
+        token_embedder = make_token_embedder(cfg)
+        outputs = {}
+        if cfg.architecture == "encoder_decoder":
+            hidden = self._encoder_decoder(
+                token_embedder,
+                input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                position_ids=position_ids,
+                segment_ids=segment_ids,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                decoder_position_ids=decoder_position_ids,
+                decoder_segment_ids=decoder_segment_ids,
+                deterministic=deterministic,
+            )
+        else:
+            causal = cfg.architecture != "encoder"
+            x = Embedder(config=cfg, token_embedder=token_embedder, name="embedder")(
+                input_ids,
+                type_ids_BL=token_type_ids,
+                position_ids_BL=position_ids,
+                deterministic=deterministic,
+            )
+            mask = self._self_mask(
+                input_ids.shape[1],
+                attention_mask=attention_mask,
+                segment_ids=segment_ids,
+                causal=causal,
+                prefix_mask=prefix_mask,
+            )
+            hidden = Stack(
+                config=cfg,
+                num_layers=cfg.num_layers,
+                causal=causal,
+                name="decoder" if causal else "encoder",
+            )(x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic)
+        outputs["hidden"] = hidden
+
+        if "mlm" in cfg.heads:
+            h = hidden if masked_positions is None else gather_positions(hidden, masked_positions)
+            head = VocabHead(
+                config=cfg, token_embedder=token_embedder, transform=cfg.mlm_transform,
+                name="mlm_head",
+            )
+            outputs["mlm_logits"] = head(h)
+        if "lm" in cfg.heads:
+            head = VocabHead(
+                config=cfg, token_embedder=token_embedder, transform=False, name="lm_head"
+            )
+            outputs["lm_logits"] = head(hidden)
+        if "classifier" in cfg.heads:
+            outputs["classifier_logits"] = Classifier(config=cfg, name="classifier")(
+                hidden, deterministic=deterministic
+            )
+        if "rtd" in cfg.heads:
+            outputs["rtd_logits"] = ReplacedTokenHead(config=cfg, name="rtd_head")(hidden)
+        return outputs
+
+    def _self_mask(self, length, *, attention_mask, segment_ids, causal, prefix_mask):
+        cfg = self.config
+        pad = None
+        if attention_mask is not None:
+            if attention_mask.ndim == 3:
+                pad = masks.full_mask(attention_mask)
+            elif cfg.mask_padded_queries:
+                pad = masks.query_key_padding_mask(attention_mask)
+            else:
+                pad = masks.padding_mask(attention_mask)
+            if attention_mask.shape[1] != length or attention_mask.shape[-1] != length:
+                raise ValueError(
+                    f"attention_mask must be (B, {length}) or (B, {length}, {length}), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+        order = None
+        if prefix_mask is not None:
+            order = masks.prefix_lm_mask(prefix_mask)
+        elif causal:
+            order = masks.causal_mask(length)
+        seg = None if segment_ids is None else masks.segment_mask(segment_ids, segment_ids)
+        return masks.combine(pad, order, seg)
+
+    def _encoder_decoder(
+        self,
+        token_embedder,
+        input_ids,
+        *,
+        attention_mask,
+        token_type_ids,
+        position_ids,
+        segment_ids,
+        decoder_input_ids,
+        decoder_attention_mask,
+        decoder_position_ids,
+        decoder_segment_ids,
+        deterministic,
+    ):
+        cfg = self.config
+        if decoder_input_ids is None:
+            raise ValueError("architecture='encoder_decoder' needs decoder_input_ids (B, L_dec)")
+        if attention_mask is not None and attention_mask.ndim != 2:
+            raise ValueError(
+                f"encoder attention_mask must be (B, L), got {tuple(attention_mask.shape)}"
+            )
+        x = Embedder(config=cfg, token_embedder=token_embedder, name="encoder_embedder")(
+            input_ids,
+            type_ids_BL=token_type_ids,
+            position_ids_BL=position_ids,
+            deterministic=deterministic,
+        )
+        enc_mask = self._self_mask(
+            input_ids.shape[1],
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            causal=False,
+            prefix_mask=None,
+        )
+        encoded = Stack(config=cfg, num_layers=cfg.num_layers, causal=False, name="encoder")(
+            x, mask=enc_mask, deterministic=deterministic
+        )
+        y = Embedder(
+            config=cfg, token_embedder=token_embedder, use_types=False, name="decoder_embedder"
+        )(decoder_input_ids, position_ids_BL=decoder_position_ids, deterministic=deterministic)
+        dec_mask = self._self_mask(
+            decoder_input_ids.shape[1],
+            attention_mask=decoder_attention_mask,
+            segment_ids=decoder_segment_ids,
+            causal=True,
+            prefix_mask=None,
+        )
+        cross_mask = masks.combine(
+            None if attention_mask is None else masks.padding_mask(attention_mask),
+            None
+            if decoder_segment_ids is None or segment_ids is None
+            else masks.segment_mask(decoder_segment_ids, segment_ids),
+        )
+        return Stack(
+            config=cfg, num_layers=cfg.decoder_layers, causal=True, has_cross=True, name="decoder"
+        )(y, mask=dec_mask, encoded_BMD=encoded, cross_mask=cross_mask, deterministic=deterministic)
