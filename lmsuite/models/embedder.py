@@ -28,7 +28,8 @@ class Embedder(nn.Module):
     """ids_BL -> x_BLD: token (+ type) (+ position) embeddings, optional norm, E -> D projection.
 
     Submodules: `type_embedder` (T, E), `position_embedder` (max_length, E), `embedding_norm`,
-    `embedding_projection` (E -> D when E != D, ALBERT/ELECTRA: applied after the norm).
+    `embedding_projection` (E -> D when E != D or config.project_embeddings, ALBERT/ELECTRA:
+    applied after the norm; DeBERTa: before it, see config.embedding_projection_first).
     """
 
     config: ModelConfig
@@ -36,7 +37,10 @@ class Embedder(nn.Module):
     use_types: bool = True
 
     @nn.compact
-    def __call__(self, ids_BL, *, type_ids_BL=None, position_ids_BL=None, deterministic=True):
+    def __call__(
+        self, ids_BL, *, type_ids_BL=None, position_ids_BL=None, mask_BL=None, deterministic=True
+    ):
+        """`mask_BL` (1 on real tokens) zeroes padded rows when config.mask_padded_embeddings."""
         cfg = self.config
         dtype = cfg.compute_dtype
         x_BLE = self.token_embedder(ids_BL)
@@ -73,17 +77,24 @@ class Embedder(nn.Module):
                 name="type_embedder",
             )
             x_BLE = x_BLE + types(type_ids_BL)
+        project = cfg.embed_width != cfg.d_model or cfg.project_embeddings
+        projection = lambda x: DenseGeneral(
+            (cfg.d_model,),
+            (P.EMBED,),
+            (P.MLP,),
+            use_bias=cfg.embedding_projection_bias,
+            kernel_init=default_kernel_init(cfg.init_stddev),
+            dtype=dtype,
+            name="embedding_projection",
+        )(x)
+        if project and cfg.embedding_projection_first:
+            x_BLE = projection(x_BLE)
         if cfg.embedding_norm:
             norm = make_norm(cfg.norm_type, eps=cfg.norm_eps, name="embedding_norm", dtype=dtype)
             x_BLE = norm(x_BLE)
+        if cfg.mask_padded_embeddings and mask_BL is not None:
+            x_BLE = x_BLE * mask_BL[:, :, None].astype(x_BLE.dtype)
         x_BLE = nn.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
-        if cfg.embed_width != cfg.d_model:
-            x_BLE = DenseGeneral(
-                (cfg.d_model,),
-                (P.EMBED,),
-                (P.EMBED,),
-                kernel_init=default_kernel_init(cfg.init_stddev),
-                dtype=dtype,
-                name="embedding_projection",
-            )(x_BLE)
+        if project and not cfg.embedding_projection_first:
+            x_BLE = projection(x_BLE)
         return nn.with_logical_constraint(x_BLE, (P.BATCH, P.LENGTH, P.EMBED))

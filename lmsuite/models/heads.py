@@ -42,7 +42,7 @@ class VocabHead(nn.Module):
         x = x_BLD
         if self.transform:
             x = DenseGeneral(
-                (cfg.embed_width,), (P.EMBED,), (P.EMBED,), kernel_init=kinit, dtype=dtype,
+                (cfg.embed_width,), (P.EMBED,), (P.MLP,), kernel_init=kinit, dtype=dtype,
                 name="transform",
             )(x)
             x = activation_fn(cfg.mlm_activation)(x)
@@ -79,7 +79,7 @@ class Classifier(nn.Module):
         cfg = self.config
         kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
         pooled_BD = jnp.tanh(
-            DenseGeneral((cfg.d_model,), (P.EMBED,), (P.EMBED,), name="pooler", **kw)(x_BLD[:, 0])
+            DenseGeneral((cfg.d_model,), (P.EMBED,), (P.MLP,), name="pooler", **kw)(x_BLD[:, 0])
         )
         pooled_BD = nn.Dropout(cfg.dropout_rate)(pooled_BD, deterministic=deterministic)
         return DenseGeneral((cfg.num_labels,), (P.EMBED,), (P.TABLE,), name="output", **kw)(
@@ -96,6 +96,6 @@ class ReplacedTokenHead(nn.Module):
     def __call__(self, x_BLD):
         cfg = self.config
         kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
-        h = DenseGeneral((cfg.d_model,), (P.EMBED,), (P.EMBED,), name="dense", **kw)(x_BLD)
+        h = DenseGeneral((cfg.d_model,), (P.EMBED,), (P.MLP,), name="dense", **kw)(x_BLD)
         h = activation_fn(cfg.mlm_activation)(h)
         return DenseGeneral((1,), (P.EMBED,), (P.TABLE,), name="output", **kw)(h)[..., 0]

@@ -1,0 +1,68 @@
+"""Every published size in gin/models/ has exactly the parameter count of its HF twin.
+
+The HF model is built on torch's meta device from the config our converter writes for
+`to_hf`, so the comparison is against HF's own module code, not a typed-in number.
+"""
+
+import pytest
+import torch
+import transformers
+
+from lmsuite.cli import model_config_from_gin
+from lmsuite.convert import registry
+from lmsuite.models.summary import summarize
+
+SIZES = {
+    "bert_base": "BertForPreTraining",
+    "bert_large": "BertForPreTraining",
+    "bert_tiny": "BertForPreTraining",
+    "roberta_base": "RobertaForMaskedLM",
+    "roberta_tiny": "RobertaForMaskedLM",
+    "albert_base": "AlbertForPreTraining",
+    "albert_large": "AlbertForPreTraining",
+    "albert_xlarge": "AlbertForPreTraining",
+    "albert_xxlarge": "AlbertForPreTraining",
+    "albert_tiny": "AlbertForPreTraining",
+    "electra_small_discriminator": "ElectraForPreTraining",
+    "electra_small_generator": "ElectraForMaskedLM",
+    "electra_base_discriminator": "ElectraForPreTraining",
+    "electra_base_generator": "ElectraForMaskedLM",
+    "electra_tiny_discriminator": "ElectraForPreTraining",
+    "electra_tiny_generator": "ElectraForMaskedLM",
+    "gpt2_small": "GPT2LMHeadModel",
+    "gpt2_tiny": "GPT2LMHeadModel",
+    "t5_small": "T5ForConditionalGeneration",
+    "t5_base": "T5ForConditionalGeneration",
+    "t5_tiny": "T5ForConditionalGeneration",
+    "t5_1_1_small": "T5ForConditionalGeneration",
+    "t5_1_1_base": "T5ForConditionalGeneration",
+    "t5_1_1_tiny": "T5ForConditionalGeneration",
+    "bart_base": "BartForConditionalGeneration",
+    "bart_tiny": "BartForConditionalGeneration",
+    "deberta_base": "DebertaForMaskedLM",
+    "deberta_tiny": "DebertaForMaskedLM",
+    "deberta_v3_base": "DebertaV2ForMaskedLM",
+    "deberta_v3_tiny": "DebertaV2ForMaskedLM",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_parameter_count_equals_hf(name):
+    hf_class = SIZES[name]
+    config = model_config_from_gin([f"models/{name}.gin"])
+    family = registry.families_by_class()[hf_class]
+    assert registry.infer_hf_class(config) == hf_class
+    hf_config = family.config_to_hf(config, hf_class)
+    with torch.device("meta"):
+        hf_model = getattr(transformers, hf_class)(hf_config)
+    assert summarize(config)["total"] == hf_model.num_parameters()
+
+
+def test_every_size_file_is_checked():
+    import pathlib
+
+    gin_dir = pathlib.Path(__file__).parents[2] / "gin" / "models"
+    families = {"bert", "roberta", "albert", "electra", "gpt2", "t5", "t5_1_1", "bart"}
+    families |= {"deberta", "deberta_v3"}
+    sizes = {p.stem for p in gin_dir.glob("*.gin")} - families
+    assert sizes == set(SIZES)

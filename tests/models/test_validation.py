@@ -1,0 +1,79 @@
+"""Bad configs and bad inputs fail at entry with the offending value in the message."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lmsuite.models import ModelConfig, Transformer
+
+TINY = dict(vocab_size=50, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_length=12)
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        (dict(architecture="encdec"), "architecture must be one of"),
+        (dict(d_model=30, num_heads=4), "d_model=30 is not divisible by num_heads=4"),
+        (dict(activation="gelu2"), "activation must be one of"),
+        (dict(heads=("mlm", "nsp")), "unknown heads \\['nsp'\\]"),
+        (dict(architecture="decoder", heads=("mlm",)), "heads mlm/rtd need architecture"),
+        (dict(dropout_rate=1.5), "dropout_rate must lie in \\[0, 1\\), got 1.5"),
+        (dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
+    ],
+)
+def test_bad_config_is_named(changes, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{**TINY, **changes})
+
+
+def _init(config, ids, **kw):
+    model = Transformer(config)
+    return model, model.init(jax.random.PRNGKey(0), ids, **kw)
+
+
+def test_bad_inputs_are_named():
+    cfg = ModelConfig(**TINY)
+    ids = jnp.ones((2, 5), jnp.int32)
+    model, variables = _init(cfg, ids)
+    apply = lambda x, **kw: model.apply(variables, x, **kw)
+    with pytest.raises(ValueError, match="input_ids must be \\(batch, length\\), got shape \\(5,\\)"):
+        apply(ids[0])
+    with pytest.raises(ValueError, match="input_ids must hold integers"):
+        apply(ids.astype(jnp.float32))
+    with pytest.raises(ValueError, match="input_ids holds id 50, outside \\[0, 50\\)"):
+        apply(ids.at[1, 2].set(50))
+    with pytest.raises(ValueError, match="input_ids holds id -1"):
+        apply(ids.at[0, 0].set(-1))
+    with pytest.raises(ValueError, match="length 13, longer than the position table"):
+        apply(jnp.ones((1, 13), jnp.int32))
+    with pytest.raises(ValueError, match="token_type_ids holds id 2, outside \\[0, 2\\)"):
+        apply(ids, token_type_ids=jnp.full_like(ids, 2))
+    with pytest.raises(ValueError, match="token_type_ids must have the shape of input_ids"):
+        apply(ids, token_type_ids=jnp.zeros((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="attention_mask must be \\(B, 5\\) or \\(B, 5, 5\\)"):
+        apply(ids, attention_mask=jnp.ones((2, 4)))
+    with pytest.raises(ValueError, match="masked_positions must be \\(batch=2, P\\)"):
+        apply(ids, masked_positions=jnp.zeros((3,), jnp.int32))
+    with pytest.raises(ValueError, match="prefix_mask is for architecture='prefix_lm'"):
+        apply(ids, prefix_mask=jnp.ones_like(ids))
+
+
+def test_architecture_specific_inputs_are_required():
+    ids = jnp.ones((1, 4), jnp.int32)
+    with pytest.raises(ValueError, match="needs decoder_input_ids"):
+        _init(ModelConfig(**TINY, architecture="encoder_decoder", heads=("lm",)), ids)
+    with pytest.raises(ValueError, match="needs prefix_mask"):
+        _init(ModelConfig(**TINY, architecture="prefix_lm", heads=("lm",)), ids)
+
+
+def test_masked_positions_gather_before_the_vocabulary():
+    cfg = ModelConfig(**TINY)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 6)), jnp.int32)
+    model, variables = _init(cfg, ids)
+    full = model.apply(variables, ids)["mlm_logits"]
+    pos = jnp.array([[5, 0], [2, 2]])
+    some = model.apply(variables, ids, masked_positions=pos)["mlm_logits"]
+    assert some.shape == (2, 2, 50)
+    np.testing.assert_allclose(some[0, 0], full[0, 5], atol=1e-6)
+    np.testing.assert_allclose(some[1, 1], full[1, 2], atol=1e-6)
