@@ -9,7 +9,7 @@ PEERS_STAMP := $(PEERS)/.installed
 TEST_ENV := JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
 ARGS ?=
 
-.PHONY: install test test-all bench pretrain lint format clean
+.PHONY: install test test-all bench pretrain lint format clean parity
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,3 +48,9 @@ pretrain: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(PEERS) build *.egg-info
+
+# The HF parity table of the README: runs the converter tests and prints each family's max-abs-diff.
+parity: $(STAMP)
+	rm -f .parity.jsonl
+	LMSUITE_PARITY_LOG=$(CURDIR)/.parity.jsonl $(TEST_ENV) $(PY) -m pytest -q -p no:randomly tests/convert
+	$(PY) benchmarks/parity_table.py .parity.jsonl

@@ -7,7 +7,6 @@ place that maps those names onto the physical mesh axes `data`, `fsdp` and `tens
 
 from collections.abc import Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -20,6 +19,8 @@ LENGTH = "length"
 EMBED = "embed"  # the model width D and the factorized embedding width E
 HEADS = "heads"
 KV = "kv"  # per-head width K
+# An inner width: the FFN's F, and the output side of square D -> D (or E -> D) projections,
+# so that no kernel names the same mesh axis twice.
 MLP = "mlp"
 VOCAB = "vocab"
 # Small tables that are never worth sharding: segment types, position tables, relative buckets.
@@ -84,9 +85,19 @@ def mesh_axes(logical: Sequence[str | None], *, rules: Rules = DEFAULT_RULES) ->
     unknown = [name for name in logical if name is not None and name not in table]
     if unknown:
         raise ValueError(f"logical axis names {unknown} have no rule; rules cover {sorted(table)}")
-    # Flax's resolution: a mesh axis already taken by an earlier dimension leaves a later one
+    # A mesh axis can shard one dimension only: a later dimension that would reuse it stays
     # unsharded, e.g. a (embed, embed) kernel -> PartitionSpec("fsdp", None).
-    return nn.logical_to_mesh_axes(tuple(logical), tuple(rules))
+    used: set[str] = set()
+    out = []
+    for name in logical:
+        axes = None if name is None else table[name]
+        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        if used.intersection(names):
+            axes = None
+        else:
+            used.update(names)
+        out.append(axes)
+    return PartitionSpec(*out)
 
 
 def named_sharding(

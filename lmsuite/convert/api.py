@@ -1,7 +1,7 @@
 """`from_hf` / `to_hf`: HuggingFace checkpoints in and out of lmsuite.
 
-    model = from_hf(hf_model_or_dir)      # .config, .params, .logits(...) == HF's .logits
-    to_hf(config, params, out_dir)         # safetensors + config.json that transformers loads
+model = from_hf(hf_model_or_dir)      # .config, .params, .logits(...) == HF's .logits
+to_hf(config, params, out_dir)         # safetensors + config.json that transformers loads
 """
 
 import dataclasses

@@ -77,8 +77,19 @@ def config_to_hf(config: ModelConfig, hf_class: str):
 
 
 # ------------------------------------------------------------------------------ weights
-def embeddings_from_hf(state, prefix: str, config: ModelConfig, out: dict, *, types=True):
-    """`{prefix}embeddings.*` -> token_embedder, embedder/{position,type}_embedder, norm."""
+def has_projection(config: ModelConfig) -> bool:
+    """Whether the model has `embedder/embedding_projection` (E -> D)."""
+    return config.embed_width != config.d_model or config.project_embeddings
+
+
+def embeddings_from_hf(
+    state, prefix: str, config: ModelConfig, out: dict, *, types=True, projection=None
+):
+    """`{prefix}embeddings.*` -> token_embedder, embedder/{position,type}_embedder, norm.
+
+    `projection` is the HF name of the E -> D Linear (ELECTRA `electra.embeddings_project`,
+    ALBERT `albert.encoder.embedding_hidden_mapping_in`), read when the model has one.
+    """
     e = f"{prefix}embeddings."
     out["token_embedder/embedding"] = take(state, e + "word_embeddings.weight")
     out["embedder/position_embedder/embedding"] = take(state, e + "position_embeddings.weight")
@@ -88,9 +99,12 @@ def embeddings_from_hf(state, prefix: str, config: ModelConfig, out: dict, *, ty
     out["embedder/embedding_norm/bias"] = take(state, e + "LayerNorm.bias")
     state.pop(e + "position_ids", None)
     state.pop(e + "token_type_ids", None)
+    if projection is not None and has_projection(config):
+        out["embedder/embedding_projection/kernel"] = linear_in(take(state, projection + ".weight"))
+        out["embedder/embedding_projection/bias"] = take(state, projection + ".bias")
 
 
-def embeddings_to_hf(flat, prefix: str, config: ModelConfig, out: dict):
+def embeddings_to_hf(flat, prefix: str, config: ModelConfig, out: dict, *, projection=None):
     e = f"{prefix}embeddings."
     out[e + "word_embeddings.weight"] = flat["token_embedder/embedding"]
     out[e + "position_embeddings.weight"] = flat["embedder/position_embedder/embedding"]
@@ -98,6 +112,10 @@ def embeddings_to_hf(flat, prefix: str, config: ModelConfig, out: dict):
         out[e + "token_type_embeddings.weight"] = flat["embedder/type_embedder/embedding"]
     out[e + "LayerNorm.weight"] = flat["embedder/embedding_norm/scale"]
     out[e + "LayerNorm.bias"] = flat["embedder/embedding_norm/bias"]
+    if projection is not None and has_projection(config):
+        kernel = flat["embedder/embedding_projection/kernel"]
+        out[projection + ".weight"] = common.kernel_to_linear(kernel)
+        out[projection + ".bias"] = flat["embedder/embedding_projection/bias"]
 
 
 # (lmsuite name under a layer, HF name under the layer, kind) for BERT's post-norm layer.
@@ -155,35 +173,53 @@ def encoder_to_hf(flat, prefix: str, config: ModelConfig, out: dict):
         layer_to_hf(flat, f"{prefix}encoder.layer.{i}.", f"encoder/layers_{i}", config, out)
 
 
-def mlm_head_from_hf(state, p: str, config: ModelConfig, out: dict):
-    """BERT's `cls.predictions` (transform + tied decoder + bias) at prefix `p`."""
-    out["mlm_head/transform/kernel"] = linear_in(take(state, p + "transform.dense.weight"))
-    out["mlm_head/transform/bias"] = take(state, p + "transform.dense.bias")
-    out["mlm_head/transform_norm/scale"] = take(state, p + "transform.LayerNorm.weight")
-    out["mlm_head/transform_norm/bias"] = take(state, p + "transform.LayerNorm.bias")
-    decoder = take(state, p + "decoder.weight")
+# HF names (under the head's prefix) of an MLM head's parts: the transform's Linear and
+# LayerNorm, the vocabulary Linear, and the output bias (a tensor of its own, or the decoder's).
+BERT_MLM_NAMES = dict(
+    dense="transform.dense", norm="transform.LayerNorm", decoder="decoder", bias="bias"
+)
+
+
+def mlm_head_from_hf(state, p: str, config: ModelConfig, out: dict, *, names=BERT_MLM_NAMES):
+    """BERT's `cls.predictions` (transform + tied decoder + bias) at prefix `p`.
+
+    `names` renames the parts for the other families (RoBERTa `lm_head.layer_norm`, ...).
+    """
+    n = names
+    out["mlm_head/transform/kernel"] = linear_in(take(state, f"{p}{n['dense']}.weight"))
+    out["mlm_head/transform/bias"] = take(state, f"{p}{n['dense']}.bias")
+    out["mlm_head/transform_norm/scale"] = take(state, f"{p}{n['norm']}.weight")
+    out["mlm_head/transform_norm/bias"] = take(state, f"{p}{n['norm']}.bias")
+    decoder = take(state, f"{p}{n['decoder']}.weight")
     if config.tie_embeddings:
         if not np.array_equal(decoder, out["token_embedder/embedding"]):
             raise ValueError("tie_word_embeddings=True but the decoder differs from the embeddings")
     else:
         out["mlm_head/output_projection/kernel"] = linear_in(decoder)
-    out["mlm_head/output_bias"] = take(state, p + "bias")
-    state.pop(p + "decoder.bias", None)  # the same tensor as `bias`
-
-
-def mlm_head_to_hf(flat, p: str, config: ModelConfig, out: dict):
-    out[p + "transform.dense.weight"] = common.kernel_to_linear(flat["mlm_head/transform/kernel"])
-    out[p + "transform.dense.bias"] = flat["mlm_head/transform/bias"]
-    out[p + "transform.LayerNorm.weight"] = flat["mlm_head/transform_norm/scale"]
-    out[p + "transform.LayerNorm.bias"] = flat["mlm_head/transform_norm/bias"]
-    if config.tie_embeddings:
-        out[p + "decoder.weight"] = flat["token_embedder/embedding"]
+    # HF's forward adds the decoder's bias. `bias` is the same tensor when the embeddings are
+    # tied, and a parameter the forward never reads when tie_word_embeddings=False.
+    decoder_bias = f"{p}{n['decoder']}.bias"
+    if decoder_bias in state:
+        out["mlm_head/output_bias"] = take(state, decoder_bias)
+        state.pop(f"{p}{n['bias']}", None)
     else:
-        out[p + "decoder.weight"] = common.kernel_to_linear(
+        out["mlm_head/output_bias"] = take(state, f"{p}{n['bias']}")
+
+
+def mlm_head_to_hf(flat, p: str, config: ModelConfig, out: dict, *, names=BERT_MLM_NAMES):
+    n = names
+    out[f"{p}{n['dense']}.weight"] = common.kernel_to_linear(flat["mlm_head/transform/kernel"])
+    out[f"{p}{n['dense']}.bias"] = flat["mlm_head/transform/bias"]
+    out[f"{p}{n['norm']}.weight"] = flat["mlm_head/transform_norm/scale"]
+    out[f"{p}{n['norm']}.bias"] = flat["mlm_head/transform_norm/bias"]
+    if config.tie_embeddings:
+        out[f"{p}{n['decoder']}.weight"] = flat["token_embedder/embedding"]
+    else:
+        out[f"{p}{n['decoder']}.weight"] = common.kernel_to_linear(
             flat["mlm_head/output_projection/kernel"]
         )
-    out[p + "bias"] = flat["mlm_head/output_bias"]
-    out[p + "decoder.bias"] = flat["mlm_head/output_bias"]
+    out[f"{p}{n['bias']}"] = flat["mlm_head/output_bias"]
+    out[f"{p}{n['decoder']}.bias"] = flat["mlm_head/output_bias"]
 
 
 def params_from_hf(state, config: ModelConfig, hf_class: str) -> dict:

@@ -139,7 +139,9 @@ def check_params(config: ModelConfig, flat: Mapping[str, np.ndarray]) -> Params:
             f"converted parameters do not match the model: missing={missing} extra={extra} "
             f"wrong_shapes={wrong}"
         )
-    return traverse_util.unflatten_dict({k: np.asarray(v, np.float32) for k, v in flat.items()}, sep="/")
+    return traverse_util.unflatten_dict(
+        {k: np.asarray(v, np.float32) for k, v in flat.items()}, sep="/"
+    )
 
 
 def flatten(params: Params) -> dict[str, np.ndarray]:

@@ -33,14 +33,15 @@ def infer_hf_class(config: ModelConfig) -> str:
     if arch == "decoder" and heads == {"lm"}:
         return "GPT2LMHeadModel"
     if arch == "encoder_decoder":
-        return "T5ForConditionalGeneration" if config.position_type == "t5_relative" else (
-            "BartForConditionalGeneration"
+        return (
+            "T5ForConditionalGeneration"
+            if config.position_type == "t5_relative"
+            else ("BartForConditionalGeneration")
         )
     if arch == "encoder":
         if config.position_type == "deberta":
-            return "DebertaV2ForMaskedLM" if config.deberta_position_buckets > 0 else (
-                "DebertaForMaskedLM"
-            )
+            # v1's in_proj has no key bias; v2/v3 (with or without log buckets) have one.
+            return "DebertaV2ForMaskedLM" if config.use_key_bias else "DebertaForMaskedLM"
         if config.share_layers == "all":
             return "AlbertForPreTraining"
         if heads == {"rtd"}:

@@ -48,8 +48,12 @@ class MultiHeadAttention(nn.Module):
             param_dtype=self.param_dtype,
         )
         proj = lambda name, bias: DenseGeneral(
-            (self.num_heads, self.head_dim), (P.EMBED,), (P.HEADS, P.KV), use_bias=bias,
-            name=name, **kw,
+            (self.num_heads, self.head_dim),
+            (P.EMBED,),
+            (P.HEADS, P.KV),
+            use_bias=bias,
+            name=name,
+            **kw,
         )
         q_BLHK = proj("query", self.use_bias)(x_BLD)
         k_BMHK = proj("key", self.use_bias and self.use_key_bias)(kv_BMD)

@@ -58,4 +58,3 @@ class DenseGeneral(nn.Module):
 def dense(features: int, in_name: str, out_name: str, **kwargs) -> DenseGeneral:
     """A plain (…, in) -> (…, features) projection."""
     return DenseGeneral(features=(features,), in_names=(in_name,), out_names=(out_name,), **kwargs)
-

@@ -23,15 +23,27 @@ class ModelConfig:
       sizes            vocab_size V, d_model D, num_heads H, head_dim K (default D // H), d_ff F,
                        num_layers (encoder or decoder-only stack), num_decoder_layers,
                        embedding_dim E (default D; E != D factorises the embedding as in ALBERT),
+                       project_embeddings (keep the E -> D projection even when E == D: ALBERT
+                       always has one),
                        type_vocab_size T (0: no segment embeddings), max_length (position table).
       positions        position_type; position_offset (RoBERTa/BART reserve the first 2 rows);
-                       relative_buckets / relative_max_distance (T5); deberta_* (DeBERTa).
+                       relative_buckets / relative_max_distance (T5); deberta_* (DeBERTa:
+                       relative_attention (False: content attention only, still scaled by
+                       sqrt(K * (1 + len(pos_att_type)))), max_relative_positions k
+                       (-1: max_length),
+                       position_buckets (-1: exact distances clamped to +-k; v2/v3 log buckets),
+                       share_att_key (positions projected by the content query/key), pos_att_type
+                       (subset of c2p, p2c), norm_rel_embeddings (LayerNorm on the relative
+                       table), position_biased_input (also add absolute position embeddings)).
       block            activation (gelu, gelu_tanh, relu, silu, geglu, geglu_tanh, swiglu),
                        norm_type, norm_eps, norm_position ("post" as BERT, "pre" as GPT-2/T5),
                        use_bias, scale_attention (False: T5 folds 1/sqrt(K) into the init).
       embeddings       embedding_norm (LayerNorm after the sum, BERT), scale_embeddings
                        (multiply tokens by sqrt(D), BART/Transformer), final_norm (after the
-                       last block, needed by pre-norm stacks).
+                       last block, needed by pre-norm stacks), embedding_projection_first /
+                       embedding_projection_bias (DeBERTa: the E -> D projection comes before
+                       the norm and has no bias), mask_padded_embeddings (DeBERTa: zero the
+                       embeddings of padded tokens given a (B, L) attention_mask).
       sharing          share_layers: none, all (ALBERT), attention, ffn (ALBERT's ablation).
       heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
                        (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA).
@@ -46,6 +58,7 @@ class ModelConfig:
     num_layers: int = 12
     num_decoder_layers: int | None = None
     embedding_dim: int | None = None
+    project_embeddings: bool = False  # ALBERT: an E -> D projection even when E == D
     type_vocab_size: int = 2
     max_length: int = 512
 
@@ -54,6 +67,7 @@ class ModelConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     # DeBERTa disentangled attention.
+    deberta_relative_attention: bool = True
     deberta_max_relative_positions: int = -1  # -1: max_length
     deberta_position_buckets: int = -1  # -1: no log buckets (v1); v2/v3 use 256
     deberta_share_att_key: bool = False
@@ -73,6 +87,9 @@ class ModelConfig:
     scale_embeddings: bool = False
     final_norm: bool = False
     mask_padded_queries: bool = False  # DeBERTa: padded queries attend to nothing
+    embedding_projection_first: bool = False  # DeBERTa: E -> D projection before the norm
+    embedding_projection_bias: bool = True  # DeBERTa's embed_proj has none
+    mask_padded_embeddings: bool = False  # DeBERTa: embeddings * attention_mask
 
     share_layers: str = "none"
 
@@ -168,9 +185,25 @@ class ModelConfig:
         if self.architecture == "encoder" and "lm" in self.heads:
             raise ValueError("an encoder has no causal `lm` head; use `mlm`")
         if self.architecture != "encoder" and {"mlm", "rtd"} & set(self.heads):
-            raise ValueError(f"heads mlm/rtd need architecture='encoder', got {self.architecture!r}")
+            raise ValueError(
+                f"heads mlm/rtd need architecture='encoder', got {self.architecture!r}"
+            )
         if self.position_type == "deberta" and self.architecture != "encoder":
             raise ValueError("position_type='deberta' is implemented for encoders only")
+        bad_types = [t for t in self.deberta_pos_att_type if t not in ("c2p", "p2c")]
+        if bad_types or len(set(self.deberta_pos_att_type)) != len(self.deberta_pos_att_type):
+            raise ValueError(
+                "deberta_pos_att_type must be distinct entries of ('c2p', 'p2c'), got "
+                f"{self.deberta_pos_att_type!r}"
+            )
+        if self.deberta_position_buckets != -1 and self.deberta_position_buckets < 2:
+            raise ValueError(
+                f"deberta_position_buckets must be -1 (none) or >= 2, got "
+                f"{self.deberta_position_buckets}"
+            )
+        max_rel = self.deberta_max_relative_positions
+        if max_rel != -1 and max_rel < 1:
+            raise ValueError(f"deberta_max_relative_positions must be -1 or >= 1, got {max_rel}")
         if self.share_layers != "none" and self.architecture == "encoder_decoder":
             raise ValueError("cross-layer sharing is implemented for single-stack models only")
         for name in ("dropout_rate", "attention_dropout_rate"):

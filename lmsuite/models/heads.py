@@ -42,7 +42,11 @@ class VocabHead(nn.Module):
         x = x_BLD
         if self.transform:
             x = DenseGeneral(
-                (cfg.embed_width,), (P.EMBED,), (P.MLP,), kernel_init=kinit, dtype=dtype,
+                (cfg.embed_width,),
+                (P.EMBED,),
+                (P.MLP,),
+                kernel_init=kinit,
+                dtype=dtype,
                 name="transform",
             )(x)
             x = activation_fn(cfg.mlm_activation)(x)
@@ -53,8 +57,13 @@ class VocabHead(nn.Module):
             logits = self.token_embedder.attend(x)
         else:
             logits = DenseGeneral(
-                (cfg.vocab_size,), (P.EMBED,), (P.VOCAB,), use_bias=False, kernel_init=kinit,
-                dtype=dtype, name="output_projection",
+                (cfg.vocab_size,),
+                (P.EMBED,),
+                (P.VOCAB,),
+                use_bias=False,
+                kernel_init=kinit,
+                dtype=dtype,
+                name="output_projection",
             )(x)
         if cfg.output_bias:
             bias_V = self.param(

@@ -29,7 +29,9 @@ def abstract_variables(config: ModelConfig, *, length: int = 8):
 def summarize(config: ModelConfig) -> dict:
     """Counts (total, embedding, non-embedding, per top-level module) and per-parameter rows."""
     boxed = abstract_variables(config)["params"]
-    flat = traverse_util.flatten_dict(boxed, sep="/", is_leaf=lambda _, x: isinstance(x, nn.Partitioned))
+    flat = traverse_util.flatten_dict(
+        boxed, sep="/", is_leaf=lambda _, x: isinstance(x, nn.Partitioned)
+    )
     rows = []
     per_module: dict[str, int] = {}
     embedding = 0

@@ -158,6 +158,11 @@ class Transformer(nn.Module):
                 input_ids,
                 type_ids_BL=token_type_ids,
                 position_ids_BL=position_ids,
+                mask_BL=(
+                    attention_mask
+                    if attention_mask is not None and attention_mask.ndim == 2
+                    else None
+                ),
                 deterministic=deterministic,
             )
             mask = self._self_mask(
@@ -178,7 +183,9 @@ class Transformer(nn.Module):
         if "mlm" in cfg.heads:
             h = hidden if masked_positions is None else gather_positions(hidden, masked_positions)
             head = VocabHead(
-                config=cfg, token_embedder=token_embedder, transform=cfg.mlm_transform,
+                config=cfg,
+                token_embedder=token_embedder,
+                transform=cfg.mlm_transform,
                 name="mlm_head",
             )
             outputs["mlm_logits"] = head(h)

@@ -1,5 +1,8 @@
 """Helpers for the HF parity tests: inputs with padding and two segments, and the comparison."""
 
+import json
+import os
+
 import numpy as np
 import torch
 
@@ -39,7 +42,13 @@ def max_diff(a, b) -> float:
 
 
 def assert_close(ours, theirs, what: str, tol: float = TOL):
+    """Asserts max-abs-diff <= tol; with $LMSUITE_PARITY_LOG set, appends the figure there."""
     d = max_diff(ours, theirs)
+    log = os.environ.get("LMSUITE_PARITY_LOG")
+    if log:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(log, "a") as f:
+            f.write(json.dumps({"test": test, "what": what, "max_abs_diff": d}) + "\n")
     assert d <= tol, f"{what}: max-abs-diff {d:.3g} > {tol}"
     return d
 
