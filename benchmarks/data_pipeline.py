@@ -1,0 +1,191 @@
+"""Examples/s of lmsuite's span corruption against t5 0.9.4's, on identical input, same run.
+
+Each side runs in its own process: lmsuite in this interpreter's venv, t5 in the peers venv
+(`.venv-peers`, built by `make bench` from benchmarks/peers-requirements.txt). The processes
+alternate, round after round; each warms up before it is timed. Both read the same documents
+(600 random token ids each, a fixed seed) and produce T5's span-corruption examples for inputs
+length 512 / targets length 114 (568 raw tokens per chunk). Afterwards the lmsuite process also
+times each of the other seq2seq/LM-family preprocessors.
+
+    .venv/bin/python benchmarks/data_pipeline.py --peer_python=.venv-peers/bin/python
+
+The pipeline is drained inside tf.data (`take(n).reduce`), so Python iteration does not cap the
+rate. Rates are medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VOCAB_SIZE = 32100
+DOC_LENGTH = 600
+NUM_DOCS = 2048
+SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _documents():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.integers(10, VOCAB_SIZE - 100, size=(NUM_DOCS, DOC_LENGTH), dtype=np.int32)
+
+
+def _source():
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices({"targets": _documents()}).repeat()
+
+
+def _time(ds, *, num_examples: int, warmup: int) -> list[float]:
+    """[examples/s, CPU microseconds per example] draining `num_examples` after `warmup`.
+
+    CPU time (all threads of the process) is the steadier figure on a busy machine.
+    """
+    import tensorflow as tf
+
+    count = lambda n: ds.take(n).reduce(tf.constant(0, tf.int64), lambda c, _: c + 1)
+    count(warmup)
+    start, cpu = time.perf_counter(), time.process_time()
+    got = int(count(num_examples))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return [got / wall, 1e6 * cpu / got]
+
+
+def _t5_pipeline():
+    import seqio
+    import t5.data.preprocessors as t5_prep
+
+    vocabulary = seqio.PassThroughVocabulary(size=VOCAB_SIZE)
+    features = {k: seqio.Feature(vocabulary) for k in ("inputs", "targets")}
+    return t5_prep.span_corruption(
+        _source(), sequence_length=SEQUENCE_LENGTH, output_features=features
+    )
+
+
+def _span_corruption():
+    sys.path.insert(0, REPO)
+    from lmsuite.data.preprocessors import span_corruption
+
+    sentinels = [VOCAB_SIZE - 1 - i for i in range(100)]
+    return span_corruption.span_corruption(
+        _source(), sequence_length=SEQUENCE_LENGTH, sentinel_ids=sentinels
+    )
+
+
+def _lmsuite_pipelines():
+    """name -> zero-argument builder of each lmsuite objective on the benchmark documents."""
+    sys.path.insert(0, REPO)
+    import tensorflow as tf
+
+    from lmsuite.data.preprocessors import bart, lm, mass, span_corruption, unilm, xlnet
+
+    sentinels = [VOCAB_SIZE - 1 - i for i in range(100)]
+    src = _source
+
+    def sentences():
+        # The same documents as 30 sentences of 20 tokens, for sentence permutation.
+        split = lambda x: tf.RaggedTensor.from_uniform_row_length(x["targets"], 20)
+        return src().map(lambda x: {"sentence_ids": split(x)})
+
+    return {
+        "span_corruption": _span_corruption,
+        "iid_denoising": lambda: span_corruption.iid_denoising(
+            src(), sequence_length=SEQUENCE_LENGTH, sentinel_ids=sentinels
+        ),
+        "prefix_lm": lambda: lm.prefix_lm(src(), sequence_length={"inputs": 512}),
+        "full_lm": lambda: lm.full_lm(src(), sequence_length={"targets": 512}, eos_id=6),
+        "causal_lm": lambda: lm.causal_lm(src(), sequence_length={"targets": 512}),
+        "bart_text_infilling": lambda: bart.text_infilling(
+            lm.split_documents(src(), chunk_length=511), mask_id=4
+        ),
+        "bart_sentence_permutation": lambda: bart.sentence_permutation(sentences()),
+        "bart_denoising": lambda: bart.bart_denoising(
+            sentences(), sequence_length={"targets": 512}, mask_id=4
+        ),
+        "mass": lambda: mass.mass(
+            src(), sequence_length={"inputs": 512}, mask_id=4, bos_id=5, vocab_size=VOCAB_SIZE
+        ),
+        "unilm": lambda: unilm.unilm(
+            src(),
+            sequence_length={"targets": 512},
+            cls_id=2,
+            sep_id=3,
+            mask_id=4,
+            vocab_size=VOCAB_SIZE,
+            special_ids=(0, 1, 2, 3, 4, 5, 6),
+        ),
+        "xlnet": lambda: xlnet.permutation_lm(
+            src(), sequence_length={"targets": 512}, cls_id=2, sep_id=3
+        ),
+    }
+
+
+def worker(side: str, *, num_examples: int, warmup: int) -> dict[str, list[float]]:
+    import seqio
+
+    if side == "t5":
+        builders = {"span_corruption": _t5_pipeline}
+    elif side == "lmsuite":
+        builders = {"span_corruption": _span_corruption}
+    else:
+        builders = _lmsuite_pipelines()
+    rates = {}
+    for name, build in builders.items():
+        with seqio.utils.map_seed_manager(0):
+            ds = build()
+        rates[name] = _time(ds, num_examples=num_examples, warmup=warmup)
+    return rates
+
+
+def _run_worker(python: str, side: str, args) -> dict[str, list[float]]:
+    cmd = [python, os.path.abspath(__file__), f"--worker={side}"]
+    cmd += [f"--num_examples={args.num_examples}", f"--warmup={args.warmup}"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peers/bin/python"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--num_examples", type=int, default=4000)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--worker", choices=["lmsuite", "t5", "objectives"])
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, num_examples=args.num_examples, warmup=args.warmup)))
+        return
+    if not os.path.exists(args.peer_python):
+        raise ValueError(f"--peer_python={args.peer_python} does not exist; run `make bench`")
+
+    ours, theirs = [], []
+    for r in range(args.rounds):
+        ours.append(_run_worker(sys.executable, "lmsuite", args)["span_corruption"])
+        theirs.append(_run_worker(args.peer_python, "t5", args)["span_corruption"])
+        print(
+            f"round {r}: lmsuite {ours[-1][0]:8.1f} ex/s ({ours[-1][1]:5.0f} us CPU/ex)"
+            f"   t5 0.9.4 {theirs[-1][0]:8.1f} ex/s ({theirs[-1][1]:5.0f} us CPU/ex)"
+        )
+    rate_a, rate_b = (statistics.median(x[0] for x in runs) for runs in (ours, theirs))
+    cpu_a, cpu_b = (statistics.median(x[1] for x in runs) for runs in (ours, theirs))
+    print(
+        f"span_corruption (inputs 512, targets 114, 600-token documents), median of {args.rounds}:"
+    )
+    print(f"  lmsuite   {rate_a:9.1f} examples/s  {cpu_a:6.0f} us CPU/example")
+    print(f"  t5 0.9.4  {rate_b:9.1f} examples/s  {cpu_b:6.0f} us CPU/example")
+    print(f"  ratio lmsuite / t5 = {rate_a / rate_b:.2f}x examples/s, {cpu_b / cpu_a:.2f}x CPU")
+    print("lmsuite objectives (one run each):")
+    for name, (rate, cpu) in _run_worker(sys.executable, "objectives", args).items():
+        print(f"  {name:26s} {rate:9.1f} examples/s  {cpu:6.0f} us CPU/example")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Data layer: corpora, vocabularies, SeqIO preprocessors, feature converters, tasks (tf only)."""

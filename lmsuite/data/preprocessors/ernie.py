@@ -1,0 +1,141 @@
+"""ERNIE 1.0 knowledge masking and Chinese whole-word masking on segmented text (peoples_daily).
+
+ERNIE (Sun et al. 2019) masks whole knowledge units instead of single characters: at the
+phrase level a multi-word phrase, at the entity level a whole named entity (person `nr`,
+place `ns`, organisation `nt`). Like ERNIE's `seg_labels`, we mark where each unit starts and
+let the whole-word masker (`whole_word.choose_units`: random order, take a unit if it fits the
+15% budget) pick units, so an entity is masked entirely or not at all.
+
+Input, one example per sentence or passage (H1's peoples_daily tokenization):
+  `word_ids`: ragged int [W, None], token ids of each segmented word (Chinese characters);
+  `word_tags`: string [W], the word's tag ("nr", "ns", "nt" for entities; anything else not);
+  `phrase_starts` (level "phrase" only): int [W], 1 where a phrase begins.
+Units per level:
+  "word": every word (Chinese whole-word masking);
+  "entity": a maximal run of consecutive words with the same entity tag, else a single word;
+  "phrase": the runs given by `phrase_starts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from lmsuite.data.preprocessors import mlm, whole_word
+
+LEVELS = ("word", "phrase", "entity")
+ENTITY_TAGS = ("nr", "ns", "nt")
+UNIT_STARTS_KEY = "unit_starts"
+
+
+def word_unit_starts(
+    features: mlm.Features, *, level: str, entity_tags: Sequence[str] = ENTITY_TAGS
+) -> tf.Tensor:
+    """Int32 [W]: 1 where a masking unit begins, per word.
+
+    Example (level "entity"): word_tags ["nr", "nr", "v", "ns"] -> [1, 0, 1, 1]
+    (the two `nr` words form one person name).
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r}, expected one of {LEVELS}")
+    tags = features["word_tags"]
+    num_words = tf.shape(tags)[0]
+    if level == "word":
+        return tf.ones([num_words], tf.int32)
+    if level == "phrase":
+        mlm.require_features(features, ["phrase_starts"], where="ERNIE phrase level")
+        return tf.cast(features["phrase_starts"], tf.int32)
+    is_entity = tf.reduce_any(tags[:, None] == tf.constant(list(entity_tags))[None, :], axis=1)
+    previous = tf.concat([[""], tags[:-1]], 0)
+    continues = is_entity & (tags == previous)
+    return 1 - tf.cast(continues, tf.int32)
+
+
+def ernie_inputs(
+    features: mlm.Features,
+    *,
+    level: str,
+    cls_id: int,
+    sep_id: int,
+    max_seq_length: int,
+    entity_tags: Sequence[str] = ENTITY_TAGS,
+) -> mlm.Features:
+    """Flattens words into `[CLS] tokens [SEP]` with `word_starts` and `unit_starts`.
+
+    Tokens past `max_seq_length - 2` are dropped (a unit cut there is still one unit).
+
+    Example (level "entity", cls 2, sep 3): word_ids [[10, 11], [12], [13, 14]],
+    word_tags ["nr", "nr", "v"] -> input_ids [2, 10, 11, 12, 13, 14, 3],
+    word_starts [1, 1, 0, 1, 1, 0, 1], unit_starts [1, 1, 0, 0, 1, 0, 1].
+    """
+    mlm.require_features(features, ["word_ids", "word_tags"], where="ernie_inputs")
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length={max_seq_length}, expected >= 3")
+    words = features["word_ids"]
+    if not isinstance(words, tf.RaggedTensor):
+        raise ValueError(f"word_ids must be ragged [W, None], got {words!r}")
+    words = tf.cast(words, tf.int32)
+    unit_per_word = word_unit_starts(features, level=level, entity_tags=entity_tags)
+    is_first = tf.ragged.range(words.row_lengths()) == 0
+    tokens = words.flat_values
+    word_start = tf.cast(is_first.flat_values, tf.int32)
+    unit_start = tf.cast(is_first, tf.int32) * unit_per_word[:, None]
+    keep = max_seq_length - 2
+    column = tf.ones([1], tf.int32)
+
+    def wrap(values, left, right):
+        return tf.concat([left * column, values[:keep], right * column], 0)
+
+    out = {k: v for k, v in features.items() if k not in ("word_ids", "word_tags", "phrase_starts")}
+    out["input_ids"] = wrap(tokens, cls_id, sep_id)
+    out["word_starts"] = wrap(word_start, 1, 1)
+    out[UNIT_STARTS_KEY] = wrap(unit_start.flat_values, 1, 1)
+    return out
+
+
+def mask_ernie(
+    features: mlm.Features,
+    *,
+    seed: tf.Tensor,
+    spec: mlm.MlmSpec,
+    level: str,
+    cls_id: int,
+    sep_id: int,
+    max_seq_length: int,
+    entity_tags: Sequence[str] = ENTITY_TAGS,
+) -> mlm.Features:
+    """ERNIE knowledge masking (or Chinese whole-word masking, level "word") of one example.
+
+    Output: `input_ids`, `word_starts`, `unit_starts` [<= max_seq_length] and the MLM features.
+
+    Example (level "entity", budget 2): word_ids [[10, 11], [12], [13, 14]], tags
+    ["nr", "nr", "v"] -> units "10 11 12" (3 tokens, too long for the budget) and "13 14":
+    input_ids [2, 10, 11, 12, 4, 4, 3] (before the 10% random / 10% kept draws),
+    masked_positions [4, 5, 0...], masked_ids [13, 14, 0...].
+    """
+    inputs = ernie_inputs(
+        features,
+        level=level,
+        cls_id=cls_id,
+        sep_id=sep_id,
+        max_seq_length=max_seq_length,
+        entity_tags=entity_tags,
+    )
+    return whole_word.mask_whole_words(
+        inputs, seed=seed, spec=spec, unit_starts_key=UNIT_STARTS_KEY
+    )
+
+
+def ernie_dynamic_mlm(dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, **kwargs) -> tf.data.Dataset:
+    """ERNIE masking with a fresh mask each time an example is seen; kwargs as `mask_ernie`."""
+    return mlm.dynamic_masking(dataset, mask_fn=mask_ernie, spec=spec, **kwargs)
+
+
+def ernie_static_mlm(
+    dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, dupe_factor: int = 10, **kwargs
+) -> tf.data.Dataset:
+    """ERNIE masking, `dupe_factor` fixed masks per example; kwargs as `mask_ernie`."""
+    return mlm.static_masking(
+        dataset, mask_fn=mask_ernie, dupe_factor=dupe_factor, spec=spec, **kwargs
+    )

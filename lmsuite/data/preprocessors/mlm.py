@@ -1,0 +1,302 @@
+"""BERT-style masked language modelling: budget, 80/10/10 replacement, static and dynamic modes.
+
+Every masker in this package shares three steps, defined here:
+
+1. choose which positions to predict (token-level here; words, n-grams, spans and entities in
+   sibling modules), never a special token and never more than the budget
+   `min(max_predictions, max(1, round(mask_rate * n)))` where n counts the maskable tokens;
+2. corrupt the chosen positions: `mask_fraction` -> [MASK], `random_fraction` -> a random id
+   drawn uniformly from the non-special ids, the rest kept;
+3. emit `masked_positions`, `masked_ids`, `masked_weights`, padded to `max_predictions`.
+
+Rounding is round-half-to-even, as Python 3's `round` in BERT's create_pretraining_data.py.
+Unlike BERT (which counts [CLS]/[SEP] in n) the budget counts maskable tokens only, as ELECTRA.
+
+A per-example masker is `fn(features, *, seed, spec, ...) -> features`; `dynamic_masking` maps it
+with SeqIO's per-example seeds (use it after SeqIO's cache/repeat: a fresh mask each time an
+example is seen) and `static_masking` materialises `dupe_factor` differently-seeded copies of each
+example (use it before the cache: the masks are then fixed, as BERT's offline data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+Features = dict[str, tf.Tensor]
+MaskFn = Callable[..., Features]
+
+# Per-token bool feature that, when present, forbids masking those tokens (e.g. tokens already
+# shuffled by StructBERT's word-structure objective).
+NO_MASK_KEY = "no_mask"
+
+
+@dataclasses.dataclass(frozen=True)
+class MlmSpec:
+    """Ids and rates shared by every masker.
+
+    Attributes:
+      mask_id: id of [MASK].
+      vocab_size: size of the vocabulary; random replacements are drawn from
+        `[0, vocab_size)` minus `special_ids` (and minus `mask_id`).
+      special_ids: ids that are never masked and never sampled as replacements
+        ([PAD], [CLS], [SEP], [MASK], <s>, </s>, sentinels, ...).
+      max_predictions: width of the padded prediction features, and a cap on the budget.
+      mask_rate: fraction of maskable tokens to predict (0.15).
+      mask_fraction: fraction of predicted positions replaced by [MASK] (0.8).
+      random_fraction: fraction replaced by a random id (0.1); the rest are kept.
+    """
+
+    mask_id: int
+    vocab_size: int
+    special_ids: tuple[int, ...]
+    max_predictions: int
+    mask_rate: float = 0.15
+    mask_fraction: float = 0.8
+    random_fraction: float = 0.1
+
+    def __post_init__(self):
+        object.__setattr__(self, "special_ids", tuple(int(i) for i in self.special_ids))
+        if not 0 <= self.mask_id < self.vocab_size:
+            raise ValueError(
+                f"mask_id={self.mask_id} must lie in [0, vocab_size={self.vocab_size})"
+            )
+        bad = [i for i in self.special_ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"special_ids {bad} outside [0, vocab_size={self.vocab_size})")
+        if self.max_predictions < 1:
+            raise ValueError(f"max_predictions={self.max_predictions}, expected >= 1")
+        if not 0.0 < self.mask_rate <= 1.0:
+            raise ValueError(f"mask_rate={self.mask_rate}, expected in (0, 1]")
+        if not (0 <= self.mask_fraction and 0 <= self.random_fraction):
+            raise ValueError(f"negative fractions {self.mask_fraction}, {self.random_fraction}")
+        if self.mask_fraction + self.random_fraction > 1.0 + 1e-9:
+            raise ValueError(
+                f"mask_fraction + random_fraction = {self.mask_fraction + self.random_fraction}"
+                " exceeds 1"
+            )
+        if len(self.replacement_ids) == 0:
+            raise ValueError(f"no non-special ids left in a vocabulary of {self.vocab_size}")
+
+    @property
+    def replacement_ids(self) -> np.ndarray:
+        """The ids a random replacement is drawn from, uniformly."""
+        excluded = np.asarray(sorted({*self.special_ids, self.mask_id}), np.int64)
+        return np.setdiff1d(np.arange(self.vocab_size, dtype=np.int64), excluded).astype(np.int32)
+
+    @classmethod
+    def electra(cls, *, max_seq_length: int, mask_prob: float = 0.15, **ids) -> MlmSpec:
+        """ELECTRA's generator masking: 85% [MASK], 15% kept, no random ids.
+
+        `max_predictions = int((mask_prob + 0.005) * max_seq_length)`, e.g. 79 for L=512.
+        """
+        return cls(
+            max_predictions=electra_max_predictions(max_seq_length, mask_prob=mask_prob),
+            mask_rate=mask_prob,
+            mask_fraction=0.85,
+            random_fraction=0.0,
+            **ids,
+        )
+
+
+def electra_max_predictions(max_seq_length: int, *, mask_prob: float = 0.15) -> int:
+    """ELECTRA's cap on predictions per sequence: `int((mask_prob + 0.005) * L)`.
+
+    Example: L=128 -> int(0.155 * 128) = 19; L=512 -> 79.
+    """
+    if max_seq_length < 1:
+        raise ValueError(f"max_seq_length={max_seq_length}, expected >= 1")
+    return int((mask_prob + 0.005) * max_seq_length)
+
+
+def prediction_budget(num_maskable: tf.Tensor, *, spec: MlmSpec) -> tf.Tensor:
+    """`min(max_predictions, max(1, round(mask_rate * n)), n)` as int32 (0 when n == 0).
+
+    Example: n=10, rate 0.15 -> round(1.5) = 2 (half to even); n=30 -> round(4.5) = 4.
+    """
+    n = tf.cast(num_maskable, tf.int32)
+    wanted = tf.cast(tf.round(spec.mask_rate * tf.cast(n, tf.float64)), tf.int32)
+    budget = tf.minimum(spec.max_predictions, tf.maximum(1, wanted))
+    return tf.minimum(budget, n)
+
+
+def maskable_tokens(features: Features, *, spec: MlmSpec) -> tf.Tensor:
+    """Bool [L]: tokens that may be masked (not special, not in the optional `no_mask` feature).
+
+    Example: input_ids [2, 17, 18, 3] with special_ids (2, 3) -> [False, True, True, False].
+    """
+    ids = features["input_ids"]
+    maskable = tf.reduce_all(
+        tf.not_equal(ids[:, None], tf.constant(spec.special_ids or (-1,), ids.dtype)[None, :]),
+        axis=1,
+    )
+    if NO_MASK_KEY in features:
+        maskable &= ~tf.cast(features[NO_MASK_KEY], tf.bool)
+    return maskable
+
+
+def apply_replacements(
+    input_ids: tf.Tensor,
+    selected: tf.Tensor,
+    *,
+    seed: tf.Tensor,
+    spec: MlmSpec,
+    decision_index: tf.Tensor | None = None,
+) -> tf.Tensor:
+    """Corrupts the selected positions: [MASK] / random id / kept, by one uniform draw each.
+
+    `decision_index[i]` names the position whose draw decides token i (span-level decisions:
+    every token of a span points at the span's first token); by default each token decides
+    for itself. Random ids are drawn per token.
+
+    Example: ids [2, 17, 18, 19, 3], selected [F, T, F, T, F], draws 0.3 and 0.95
+    -> [2, 4, 18, 19, 3] (17 masked, 19 kept).
+    """
+    length = tf.shape(input_ids)[0]
+    decision_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    draws = tf.random.stateless_uniform([length], decision_seed, dtype=tf.float32)
+    if decision_index is not None:
+        draws = tf.gather(draws, decision_index)
+    pool = tf.constant(spec.replacement_ids)
+    random_ids = tf.gather(
+        pool,
+        tf.random.stateless_uniform(
+            [length], random_seed, minval=0, maxval=pool.shape[0], dtype=tf.int32
+        ),
+    )
+    to_mask = selected & (draws < spec.mask_fraction)
+    to_random = selected & ~to_mask & (draws < spec.mask_fraction + spec.random_fraction)
+    out = tf.where(to_random, tf.cast(random_ids, input_ids.dtype), input_ids)
+    return tf.where(to_mask, tf.cast(spec.mask_id, input_ids.dtype), out)
+
+
+def pad_to(values: tf.Tensor, width: int, *, name: str) -> tf.Tensor:
+    """Right-pads a 1-D tensor with zeros to `width`, failing if it is longer."""
+    count = tf.shape(values)[0]
+    check = tf.debugging.assert_less_equal(
+        count, width, message=f"{name}: more predictions than max_predictions={width}"
+    )
+    with tf.control_dependencies([check]):
+        padded = tf.pad(values, [[0, width - count]])
+    return tf.ensure_shape(padded, [width])
+
+
+def prediction_features(original_ids: tf.Tensor, selected: tf.Tensor, *, spec: MlmSpec) -> Features:
+    """`masked_positions` (int32), `masked_ids`, `masked_weights` (float32), padded.
+
+    Example: original [2, 17, 18, 3], selected [F, T, F, F], max_predictions 3
+    -> positions [1, 0, 0], ids [17, 0, 0], weights [1., 0., 0.].
+    """
+    positions = tf.cast(tf.where(selected)[:, 0], tf.int32)
+    width = spec.max_predictions
+    return {
+        "masked_positions": pad_to(positions, width, name="masked_positions"),
+        "masked_ids": pad_to(tf.gather(original_ids, positions), width, name="masked_ids"),
+        "masked_weights": pad_to(tf.ones_like(positions, tf.float32), width, name="weights"),
+    }
+
+
+def finish_masking(
+    features: Features,
+    selected: tf.Tensor,
+    *,
+    seed: tf.Tensor,
+    spec: MlmSpec,
+    decision_index: tf.Tensor | None = None,
+) -> Features:
+    """Applies replacements and adds the prediction features; drops `no_mask`."""
+    out = {k: v for k, v in features.items() if k != NO_MASK_KEY}
+    original = features["input_ids"]
+    out["input_ids"] = apply_replacements(
+        original, selected, seed=seed, spec=spec, decision_index=decision_index
+    )
+    out.update(prediction_features(original, selected, spec=spec))
+    return out
+
+
+def choose_random_tokens(maskable: tf.Tensor, budget: tf.Tensor, *, seed: tf.Tensor) -> tf.Tensor:
+    """Bool [L]: `budget` maskable positions chosen uniformly without replacement."""
+    draws = tf.random.stateless_uniform(tf.shape(maskable), seed, dtype=tf.float32)
+    order = tf.argsort(tf.where(maskable, draws, 2.0), stable=True)
+    rank = tf.math.invert_permutation(order)
+    return maskable & (rank < budget)
+
+
+def mask_tokens(features: Features, *, seed: tf.Tensor, spec: MlmSpec) -> Features:
+    """Token-level BERT/ELECTRA masking of one example.
+
+    Input: `input_ids` int [L] (other features pass through). Output adds
+    `masked_positions`, `masked_ids`, `masked_weights` [max_predictions] and corrupts input_ids.
+
+    Example (spec: mask_id 4, special_ids (0, 2, 3, 4), max_predictions 4, rate 0.15):
+      input_ids [2, 10, 11, ..., 29, 3] (20 maskable) -> budget round(3.0) = 3; say positions
+      2, 9 and 18 are drawn, position 9 (token 18) in the 10% "keep" case:
+      input_ids [2, 10, 4, 12, ..., 17, 18, 19, ..., 26, 4, 28, 29, 3],
+      masked_positions [2, 9, 18, 0], masked_ids [11, 18, 27, 0], masked_weights [1, 1, 1, 0].
+    """
+    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    maskable = maskable_tokens(features, spec=spec)
+    budget = prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32)), spec=spec)
+    selected = choose_random_tokens(maskable, budget, seed=choose_seed)
+    return finish_masking(features, selected, seed=replace_seed, spec=spec)
+
+
+def dynamic_masking(dataset: tf.data.Dataset, *, mask_fn: MaskFn, **kwargs) -> tf.data.Dataset:
+    """Maps `mask_fn(features, seed=..., **kwargs)` with SeqIO's per-example seeds.
+
+    Place it after SeqIO's cache: SeqIO repeats before post-cache preprocessors, so each epoch
+    draws a new seed per example (RoBERTa's dynamic masking). Deterministic under
+    `seqio.map_seed_manager(s)`.
+    """
+
+    @seqio.map_over_dataset(num_seeds=1)
+    @tf.autograph.experimental.do_not_convert
+    def _mask(features, seed):
+        return mask_fn(features, seed=seed, **kwargs)
+
+    return _mask(dataset)
+
+
+def static_masking(
+    dataset: tf.data.Dataset, *, mask_fn: MaskFn, dupe_factor: int, **kwargs
+) -> tf.data.Dataset:
+    """Emits `dupe_factor` masked copies of each example, each with its own seed.
+
+    BERT's `dupe_factor`: place it before SeqIO's cache so the copies are materialised and
+    every epoch sees the same masks. Example: dupe_factor 3 turns [d0, d1] into
+    [d0 mask a, d0 mask b, d0 mask c, d1 mask d, d1 mask e, d1 mask f].
+    """
+    if dupe_factor < 1:
+        raise ValueError(f"dupe_factor={dupe_factor}, expected >= 1")
+
+    @seqio.map_over_dataset(num_seeds=1)
+    @tf.autograph.experimental.do_not_convert
+    def _copies(features, seed):
+        seeds = tf.random.experimental.stateless_split(seed, dupe_factor)
+        copies = [mask_fn(features, seed=seeds[d], **kwargs) for d in range(dupe_factor)]
+        return {k: tf.stack([c[k] for c in copies]) for k in copies[0]}
+
+    return _copies(dataset).unbatch()
+
+
+def bert_dynamic_mlm(dataset: tf.data.Dataset, *, spec: MlmSpec) -> tf.data.Dataset:
+    """Token-level MLM with a fresh mask every time an example is seen (RoBERTa, ELECTRA)."""
+    return dynamic_masking(dataset, mask_fn=mask_tokens, spec=spec)
+
+
+def bert_static_mlm(
+    dataset: tf.data.Dataset, *, spec: MlmSpec, dupe_factor: int = 10
+) -> tf.data.Dataset:
+    """Token-level MLM, `dupe_factor` fixed masks per example (BERT's offline data)."""
+    return static_masking(dataset, mask_fn=mask_tokens, dupe_factor=dupe_factor, spec=spec)
+
+
+def require_features(features: Features, keys: Sequence[str], *, where: str) -> None:
+    """Raises ValueError naming the missing feature keys."""
+    missing = [k for k in keys if k not in features]
+    if missing:
+        raise ValueError(f"{where}: missing features {missing}; got {sorted(features)}")

@@ -1,0 +1,109 @@
+"""Whole-word masking: predict every piece of a chosen word (or of any multi-token unit).
+
+Units are runs of maskable tokens that begin where `word_starts` is 1 (or right after a
+non-maskable token). BERT's whole-word rule: visit the units in a random order and take a unit
+whole when it fits in the remaining budget, else skip it and try the next; stop at the budget.
+The budget is BERT's (see `mlm.prediction_budget`), counted in tokens, so a sequence may end a
+few tokens short of it when the remaining units are all too long. Each token of a chosen unit
+gets its own 80/10/10 draw, as in BERT's create_pretraining_data.py.
+
+The same unit machinery serves Chinese whole-word masking (units = segmented words) and ERNIE's
+phrase / entity masking (units = multi-word groups; see `ernie.py`).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from lmsuite.data.preprocessors import mlm
+
+WORD_STARTS_KEY = "word_starts"
+
+
+def unit_index(maskable: tf.Tensor, unit_starts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per-token unit number (-1 for non-maskable tokens) and the number of units.
+
+    A unit starts at a maskable token flagged in `unit_starts` or following a non-maskable one.
+
+    Example: maskable [F, T, T, T, F, T], unit_starts [1, 1, 0, 1, 1, 0]
+    -> ([-1, 0, 0, 1, -1, 2], 3).
+    """
+    previous_maskable = tf.concat([[False], maskable[:-1]], axis=0)
+    starts = maskable & (tf.cast(unit_starts, tf.bool) | ~previous_maskable)
+    number = tf.cumsum(tf.cast(starts, tf.int32)) - 1
+    return tf.where(maskable, number, -1), tf.reduce_sum(tf.cast(starts, tf.int32))
+
+
+def unit_lengths(index: tf.Tensor, num_units: tf.Tensor) -> tf.Tensor:
+    """Tokens per unit, int32 [num_units]. Example: index [-1, 0, 0, 1] -> [2, 1]."""
+    valid = index >= 0
+    return tf.math.unsorted_segment_sum(
+        tf.cast(valid, tf.int32), tf.where(valid, index, num_units), num_units + 1
+    )[:num_units]
+
+
+def greedy_fit(lengths: tf.Tensor, budget: tf.Tensor) -> tf.Tensor:
+    """Bool mask over `lengths` (in visiting order): take each one that still fits the budget.
+
+    Example: lengths [3, 2, 4, 1], budget 6 -> [T, T, F, T] (4 skipped, 1 still fits).
+    """
+
+    def step(state, length):
+        remaining, _ = state
+        take = length <= remaining
+        return remaining - tf.where(take, length, 0), take
+
+    _, taken = tf.scan(step, lengths, initializer=(budget, tf.constant(False)))
+    return taken
+
+
+def choose_units(
+    maskable: tf.Tensor, unit_starts: tf.Tensor, budget: tf.Tensor, *, seed: tf.Tensor
+) -> tf.Tensor:
+    """Bool [L]: whole units chosen in random order by BERT's fit-or-skip rule."""
+    index, num_units = unit_index(maskable, unit_starts)
+    lengths = unit_lengths(index, num_units)
+    order = tf.argsort(tf.random.stateless_uniform([num_units], seed), stable=True)
+    taken_in_order = greedy_fit(tf.gather(lengths, order), budget)
+    taken = tf.scatter_nd(order[:, None], taken_in_order, [num_units])
+    return maskable & tf.gather(
+        tf.concat([taken, [False]], 0), tf.where(index >= 0, index, num_units)
+    )
+
+
+def mask_whole_words(
+    features: mlm.Features,
+    *,
+    seed: tf.Tensor,
+    spec: mlm.MlmSpec,
+    unit_starts_key: str = WORD_STARTS_KEY,
+) -> mlm.Features:
+    """Whole-word masking of one example.
+
+    Input: `input_ids` int [L] and `word_starts` int/bool [L] (1 where a token begins a word;
+    for Chinese, the corpus segmentation). Output: as `mlm.mask_tokens`.
+
+    Example (mask_id 4, specials (2, 3), rate 0.5): input_ids [2, 10, 11, 12, 13, 3],
+    word_starts [1, 1, 0, 1, 1, 1] (words "10 11", "12", "13"), n=4 -> budget 2:
+    either the word "10 11" -> input_ids [2, 4, 4, 12, 13, 3], masked_positions [1, 2, ...],
+    or the two one-piece words 12 and 13 -> [2, 10, 11, 4, 4, 3]; never half of "10 11".
+    """
+    mlm.require_features(features, ["input_ids", unit_starts_key], where="mask_whole_words")
+    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    maskable = mlm.maskable_tokens(features, spec=spec)
+    budget = mlm.prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32)), spec=spec)
+    selected = choose_units(maskable, features[unit_starts_key], budget, seed=choose_seed)
+    out = mlm.finish_masking(features, selected, seed=replace_seed, spec=spec)
+    return out
+
+
+def whole_word_dynamic_mlm(dataset: tf.data.Dataset, *, spec: mlm.MlmSpec) -> tf.data.Dataset:
+    """Whole-word MLM, fresh mask each time an example is seen."""
+    return mlm.dynamic_masking(dataset, mask_fn=mask_whole_words, spec=spec)
+
+
+def whole_word_static_mlm(
+    dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, dupe_factor: int = 10
+) -> tf.data.Dataset:
+    """Whole-word MLM, `dupe_factor` fixed masks per example."""
+    return mlm.static_masking(dataset, mask_fn=mask_whole_words, dupe_factor=dupe_factor, spec=spec)

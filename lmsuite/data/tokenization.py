@@ -1,0 +1,214 @@
+"""Tokenization preprocessors: corpus documents -> token ids with word starts.
+
+Every function is a SeqIO preprocessor `fn(dataset, *, vocab, ...)`. The vocabulary is passed
+in (tasks.py does it); for the segmented Chinese corpus (`vocab.segmented`) each corpus word
+is tokenized on its own, so pieces never cross a word and `word_starts` follows the corpus
+segmentation; otherwise `word_starts` comes from `vocab.word_start_table` ("▁" pieces).
+
+  tokenize_documents:  text -> targets [T], word_starts [T]
+  tokenize_sentences:  sentences -> sentence_ids [S, (T)], sentence_word_starts [S, (T)]
+  segmented_passages:  (Chinese) words -> one example per passage of whole sentences:
+                       word_ids [W, (T)], word_tags [W]
+  encoder_chunks:      targets -> [CLS] chunk [SEP] examples: input_ids, word_starts,
+                       token_type_ids, each [<= max_seq_length]
+
+Example (English, pieces "▁he", "llo", "▁you" = 40, 41, 42):
+  {"text": "hello you"} -> tokenize_documents -> {"targets": [40, 41, 42],
+                                                  "word_starts": [1, 0, 1]}
+"""
+
+import seqio
+import tensorflow as tf
+
+from lmsuite.data import vocab as vocab_lib
+
+
+def add_word_starts(
+    dataset: tf.data.Dataset,
+    *,
+    vocab: seqio.SentencePieceVocabulary,
+    key: str = "targets",
+    output_key: str = "word_starts",
+) -> tf.data.Dataset:
+    """Adds int32 `output_key`: 1 where the id in `key` begins a word (per `word_start_table`).
+
+    Example: targets [40, 41, 42] with pieces "▁he", "llo", "▁you" -> word_starts [1, 0, 1].
+    """
+    table = tf.constant(vocab_lib.word_start_table(vocab).astype("int32"))
+
+    def add(features):
+        return {**features, output_key: tf.gather(table, features[key])}
+
+    return dataset.map(add, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _tokenize_words(vocab, words: tf.Tensor) -> tf.RaggedTensor:
+    """Ragged int32 [W, (T)]: the pieces of each word, tokenized separately."""
+    return tf.cast(vocab.tf_tokenizer.tokenize(words), tf.int32)
+
+
+def _word_pieces_to_tokens(pieces: tf.RaggedTensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """[W, (T)] pieces -> flat ids and word starts (1 on each word's first piece)."""
+    first = tf.ragged.map_flat_values(lambda v: tf.zeros_like(v), pieces)
+    first = tf.concat([tf.ones_like(first[:, :1]), first[:, 1:]], axis=1)
+    return pieces.flat_values, first.flat_values
+
+
+def tokenize_documents(
+    dataset: tf.data.Dataset, *, vocab: vocab_lib.CorpusVocabulary
+) -> tf.data.Dataset:
+    """Adds `targets` (int32 ids of the whole document) and `word_starts`."""
+    if getattr(vocab, "segmented", False):
+
+        def tokenize(features):
+            ids, starts = _word_pieces_to_tokens(_tokenize_words(vocab, features["words"]))
+            return {**features, "targets": ids, "word_starts": starts}
+
+        return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def tokenize_text(features):
+        return {**features, "targets": tf.cast(vocab.encode_tf(features["text"]), tf.int32)}
+
+    dataset = dataset.map(tokenize_text, num_parallel_calls=tf.data.AUTOTUNE)
+    return add_word_starts(dataset, vocab=vocab)
+
+
+def tokenize_sentences(
+    dataset: tf.data.Dataset, *, vocab: vocab_lib.CorpusVocabulary
+) -> tf.data.Dataset:
+    """Adds ragged `sentence_ids` and `sentence_word_starts`, int32 [S, (T)].
+
+    Example: sentences ["hello you", "hi"] -> sentence_ids [[40, 41, 42], [43]],
+    sentence_word_starts [[1, 0, 1], [1]].
+    """
+    if getattr(vocab, "segmented", False):
+
+        def tokenize(features):
+            pieces = _tokenize_words(vocab, features["words"])
+            ids, starts = _word_pieces_to_tokens(pieces)
+            tokens_per_sentence = tf.math.segment_sum(
+                pieces.row_lengths(),
+                tf.repeat(
+                    tf.range(tf.size(features["sentence_word_counts"])),
+                    features["sentence_word_counts"],
+                ),
+            )
+            return {
+                **features,
+                "sentence_ids": tf.RaggedTensor.from_row_lengths(ids, tokens_per_sentence),
+                "sentence_word_starts": tf.RaggedTensor.from_row_lengths(
+                    starts, tokens_per_sentence
+                ),
+            }
+
+        return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+
+    table = tf.constant(vocab_lib.word_start_table(vocab).astype("int32"))
+
+    def tokenize_text(features):
+        ids = tf.cast(vocab.tf_tokenizer.tokenize(features["sentences"]), tf.int32)
+        if isinstance(ids, tf.Tensor):  # a tokenizer returns dense ids for an empty batch
+            ids = tf.RaggedTensor.from_tensor(ids)
+        starts = tf.ragged.map_flat_values(lambda v: tf.gather(table, v), ids)
+        return {**features, "sentence_ids": ids, "sentence_word_starts": starts}
+
+    return dataset.map(tokenize_text, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def passage_ids(lengths: tf.Tensor, *, max_tokens: int) -> tf.Tensor:
+    """Greedy grouping of consecutive items into passages of at most `max_tokens` tokens.
+
+    An item longer than `max_tokens` gets a passage of its own.
+    Example (max_tokens 5): lengths [2, 3, 1, 6, 2] -> [0, 0, 1, 2, 3].
+    """
+
+    def step(state, length):
+        passage, used = state
+        new = tf.logical_and(used > 0, used + length > max_tokens)
+        passage = passage + tf.cast(new, tf.int64)
+        used = tf.where(new, length, used + length)
+        return passage, used
+
+    lengths = tf.cast(lengths, tf.int64)
+    ids, _ = tf.scan(
+        step, lengths, initializer=(tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    )
+    return ids
+
+
+def segmented_passages(
+    dataset: tf.data.Dataset, *, vocab: vocab_lib.CorpusVocabulary, max_tokens: int
+) -> tf.data.Dataset:
+    """Splits each segmented document into passages of whole sentences (<= `max_tokens` pieces,
+    unless one sentence is longer), one example each: `word_ids` [W, (T)], `word_tags` [W].
+
+    This is ERNIE's input (see `preprocessors/ernie.py`); `word_tags` are the corpus entity
+    tags ("nr", "ns", "nt" or "O"). Example (max_tokens 4): sentences of 3 and 2 pieces
+    -> two passages.
+    """
+
+    def split(features):
+        pieces = _tokenize_words(vocab, features["words"])
+        counts = features["sentence_word_counts"]
+        sentence_of_word = tf.repeat(tf.range(tf.size(counts)), counts)
+        sentence_tokens = tf.math.segment_sum(pieces.row_lengths(), sentence_of_word)
+        passage_of_word = tf.gather(passage_ids(sentence_tokens, max_tokens=max_tokens),
+                                    sentence_of_word)  # fmt: skip
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                "word_ids": tf.RaggedTensor.from_value_rowids(pieces, passage_of_word),
+                "word_tags": tf.RaggedTensor.from_value_rowids(
+                    features["entity_tags"], passage_of_word
+                ),
+            }
+        )
+
+    return dataset.flat_map(split)
+
+
+def encoder_chunks(
+    dataset: tf.data.Dataset,
+    *,
+    max_seq_length: int,
+    cls_id: int,
+    sep_id: int,
+    min_tokens: int = 1,
+) -> tf.data.Dataset:
+    """Cuts each document's `targets`/`word_starts` into `[CLS] chunk [SEP]` examples.
+
+    Chunks hold `max_seq_length - 2` tokens (the document's last one fewer); chunks with fewer
+    than `min_tokens` tokens are dropped (count them by comparing dataset sizes). Output:
+    `input_ids`, `word_starts` (1 on [CLS]/[SEP]), `token_type_ids` (zeros).
+
+    Example (max_seq_length 5, cls 2, sep 3): targets [10, 11, 12, 13], word_starts [1, 0, 1, 1]
+      -> {"input_ids": [2, 10, 11, 12, 3], "word_starts": [1, 1, 0, 1, 1]},
+         {"input_ids": [2, 13, 3], "word_starts": [1, 1, 1]}
+    """
+    if max_seq_length < 3:
+        raise ValueError(
+            f"max_seq_length must leave room for [CLS] and [SEP], got {max_seq_length}"
+        )
+    width = max_seq_length - 2
+
+    def split(features):
+        ids, starts = features["targets"], tf.cast(features["word_starts"], tf.int32)
+        n = tf.size(ids, out_type=tf.int64)
+        splits = tf.concat([tf.range(0, n, width, dtype=tf.int64), [n]], axis=0)
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                "ids": tf.RaggedTensor.from_row_splits(ids, splits),
+                "starts": tf.RaggedTensor.from_row_splits(starts, splits),
+            }
+        )
+
+    def wrap(chunk):
+        ids = tf.concat([[cls_id], chunk["ids"], [sep_id]], axis=0)
+        return {
+            "input_ids": ids,
+            "word_starts": tf.concat([[1], chunk["starts"], [1]], axis=0),
+            "token_type_ids": tf.zeros_like(ids),
+        }
+
+    dataset = dataset.flat_map(split)
+    dataset = dataset.filter(lambda chunk: tf.size(chunk["ids"]) >= min_tokens)
+    return dataset.map(wrap, num_parallel_calls=tf.data.AUTOTUNE)

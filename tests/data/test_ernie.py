@@ -1,0 +1,115 @@
+"""Oracle tests for ERNIE knowledge masking and Chinese whole-word masking."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lmsuite.data.preprocessors import ernie, mlm
+
+CLS, SEP, MASK = 2, 3, 4
+SPECIALS = (0, 1, 2, 3, 4, 5, 6)
+SPEC = mlm.MlmSpec(mask_id=MASK, vocab_size=5000, special_ids=SPECIALS, max_predictions=30)
+TAGS = ["nr", "ns", "nt", "v", "n", "a"]
+
+
+def sentences(num, *, seed):
+    """Segmented sentences: words of 1-3 characters, tags with runs of entity words."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(num):
+        num_words = int(rng.integers(3, 40))
+        words = [
+            rng.integers(7, 5000, size=int(rng.integers(1, 4))).tolist() for _ in range(num_words)
+        ]
+        tags, phrase = [], []
+        while len(tags) < num_words:
+            run = int(rng.integers(1, 4))
+            tags += [TAGS[int(rng.integers(0, len(TAGS)))]] * run
+            phrase += [1] + [0] * (run - 1)
+        out.append((words, tags[:num_words], phrase[:num_words]))
+    return out
+
+
+def dataset(rows):
+    features = {
+        "word_ids": tf.ragged.constant([w for w, _, _ in rows], dtype=tf.int32, ragged_rank=2),
+        "word_tags": tf.ragged.constant([t for _, t, _ in rows]),
+        "phrase_starts": tf.ragged.constant([p for _, _, p in rows], dtype=tf.int32),
+    }
+    return tf.data.Dataset.from_tensor_slices(features)
+
+
+def expected_units(words, tags, phrase, level):
+    """Token positions (after [CLS]) of each unit, from a plain-Python reading of the rule."""
+    units, position = [], 1
+    for w, (word, tag) in enumerate(zip(words, tags, strict=True)):
+        if level == "word":
+            new = True
+        elif level == "phrase":
+            new = phrase[w] == 1
+        else:
+            new = not (tag in ("nr", "ns", "nt") and w > 0 and tags[w - 1] == tag)
+        if new or not units:
+            units.append([])
+        units[-1] += list(range(position, position + len(word)))
+        position += len(word)
+    return units
+
+
+@pytest.mark.parametrize("level", ["word", "phrase", "entity"])
+def test_units_are_masked_whole_within_budget(level):
+    rows = sentences(80, seed={"word": 0, "phrase": 1, "entity": 2}[level])
+    ds = (
+        dataset(rows)
+        .enumerate()
+        .map(
+            lambda i, f: ernie.mask_ernie(
+                f,
+                seed=tf.stack([tf.constant(5, tf.int64), i]),
+                spec=SPEC,
+                level=level,
+                cls_id=CLS,
+                sep_id=SEP,
+                max_seq_length=512,
+            )
+        )
+    )
+    multi_token_units_masked = 0
+    for (words, tags, phrase), out in zip(rows, ds.as_numpy_iterator(), strict=True):
+        flat = [t for w in words for t in w]
+        k = int(out["masked_weights"].sum())
+        n = len(flat)
+        assert k <= min(30, max(1, round(0.15 * n)))
+        chosen = set(out["masked_positions"][:k].tolist())
+        chosen_tokens = np.array(flat)[np.array(sorted(chosen), int) - 1]
+        np.testing.assert_array_equal(out["masked_ids"][:k], chosen_tokens)
+        remaining = min(30, max(1, round(0.15 * n))) - k
+        for unit in expected_units(words, tags, phrase, level):
+            inside = [p in chosen for p in unit]
+            assert all(inside) or not any(inside), (level, unit)
+            if not any(inside):
+                assert len(unit) > remaining  # BERT's fit-or-skip rule
+            multi_token_units_masked += all(inside) and len(unit) > 3
+    if level != "word":
+        assert multi_token_units_masked > 0  # multi-word units really get masked together
+
+
+def test_ernie_inputs_example():
+    f = {
+        "word_ids": tf.ragged.constant([[10, 11], [12], [13, 14]]),
+        "word_tags": tf.constant(["nr", "nr", "v"]),
+    }
+    out = ernie.ernie_inputs(f, level="entity", cls_id=CLS, sep_id=SEP, max_seq_length=16)
+    np.testing.assert_array_equal(out["input_ids"], [2, 10, 11, 12, 13, 14, 3])
+    np.testing.assert_array_equal(out["word_starts"], [1, 1, 0, 1, 1, 0, 1])
+    np.testing.assert_array_equal(out["unit_starts"], [1, 1, 0, 0, 1, 0, 1])
+    short = ernie.ernie_inputs(f, level="word", cls_id=CLS, sep_id=SEP, max_seq_length=5)
+    np.testing.assert_array_equal(short["input_ids"], [2, 10, 11, 12, 3])
+
+
+def test_bad_level_and_missing_phrases_fail_loudly():
+    f = {"word_ids": tf.ragged.constant([[10]]), "word_tags": tf.constant(["v"])}
+    with pytest.raises(ValueError, match="level"):
+        ernie.ernie_inputs(f, level="clause", cls_id=CLS, sep_id=SEP, max_seq_length=8)
+    with pytest.raises(ValueError, match="phrase_starts"):
+        ernie.ernie_inputs(f, level="phrase", cls_id=CLS, sep_id=SEP, max_seq_length=8)

@@ -1,0 +1,89 @@
+"""Oracle tests for UniLM mode sampling, masking and attention masks."""
+
+import math
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from lmsuite.data.preprocessors import unilm
+
+CLS, SEP, MASK, VOCAB = 2, 3, 4, 1000
+
+
+def test_seq2seq_mask_small_case_exactly():
+    got = unilm.unilm_attention_mask(mode=unilm.SEQ2SEQ, length=5, source_length=2).numpy()
+    want = np.array(
+        [
+            [1, 1, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1],
+        ],
+        bool,
+    )
+    np.testing.assert_array_equal(got, want)
+    lower = np.tril(np.ones((4, 4), bool))
+    np.testing.assert_array_equal(unilm.unilm_attention_mask(mode=1, length=4).numpy(), lower)
+    np.testing.assert_array_equal(unilm.unilm_attention_mask(mode=2, length=4).numpy(), lower.T)
+    assert unilm.unilm_attention_mask(mode=0, length=4).numpy().all()
+
+
+def test_modes_layout_and_masking():
+    num, n = 1800, 20  # chunks of targets - 3 = 20 tokens; budget round(0.15 * 20) = 3
+    stream = np.arange(num * n, dtype=np.int32) % 900 + 50
+    ds = tf.data.Dataset.from_tensor_slices({"targets": stream.reshape(-1, 100)})
+    with seqio.map_seed_manager(6):
+        out = list(
+            unilm.unilm(
+                ds,
+                sequence_length={"targets": 23},
+                cls_id=CLS,
+                sep_id=SEP,
+                mask_id=MASK,
+                vocab_size=VOCAB,
+                special_ids=range(7),
+            ).as_numpy_iterator()
+        )
+    assert len(out) == num
+    modes = np.bincount([x["unilm_mode"] for x in out], minlength=4)
+    for count, p in zip(modes, unilm.MODE_PROBABILITIES, strict=True):
+        assert abs(count - num * p) < 5 * math.sqrt(num * p * (1 - p))
+    replaced = 0
+    for i, x in enumerate(out):
+        chunk, ids, mode = stream[i * n : (i + 1) * n], x["input_ids"], x["unilm_mode"]
+        pair = mode in (unilm.BIDIRECTIONAL, unilm.SEQ2SEQ)
+        assert ids[0] == CLS and ids[-1] == SEP and len(ids) == n + 2 + pair
+        if pair:
+            split = x["source_length"] - 2
+            assert ids[split + 1] == SEP and 1 <= split < n
+            original = np.concatenate([[CLS], chunk[:split], [SEP], chunk[split:], [SEP]])
+            assert x["token_type_ids"].tolist() == [0] * (split + 2) + [1] * (n - split + 1)
+        else:
+            assert x["source_length"] == 0 and not x["token_type_ids"].any()
+            original = np.concatenate([[CLS], chunk, [SEP]])
+        assert x["masked_weights"].tolist() == [1.0, 1.0, 1.0]
+        positions = x["masked_positions"]
+        assert len(set(positions.tolist())) == 3
+        assert (x["masked_ids"] == original[positions]).all()
+        assert not np.isin(original[positions], [CLS, SEP]).any()
+        unmasked = np.ones(len(ids), bool)
+        unmasked[positions] = False
+        np.testing.assert_array_equal(ids[unmasked], original[unmasked])
+        replaced += (ids[positions] == MASK).sum()
+    total = 3 * num
+    assert abs(replaced / total - 0.8) < 5 * math.sqrt(0.16 / total)
+
+
+def test_units_are_80_percent_unigrams_10_bigrams_10_trigrams():
+    sample = tf.function(unilm._sample_units)
+    units = []
+    for i in range(300):
+        drawn = sample(budget=tf.constant(40), seed=tf.constant([i, 2])).numpy()
+        assert drawn.sum() == 40
+        units.extend(drawn[:-1].tolist())  # the last unit is trimmed to the budget
+    counts = np.bincount(units, minlength=4)[1:]
+    total = counts.sum()
+    for count, p in zip(counts, unilm.NGRAM_PROBABILITIES, strict=True):
+        assert abs(count - total * p) < 5 * math.sqrt(total * p * (1 - p))

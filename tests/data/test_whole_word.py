@@ -1,0 +1,167 @@
+"""Oracle tests for whole-word masking (lmsuite.data.preprocessors.whole_word)."""
+
+import numpy as np
+import pytest
+import seqio
+import tensorflow as tf
+
+from lmsuite.data.preprocessors import mlm, ngram, spanbert, whole_word
+
+CLS, SEP, MASK = 2, 3, 4
+SPECIALS = (0, 1, 2, 3, 4, 5, 6)
+SPEC = mlm.MlmSpec(mask_id=MASK, vocab_size=1000, special_ids=SPECIALS, max_predictions=30)
+
+
+def worded_rows(num, *, seed, min_words=2, max_words=60, max_pieces=4):
+    """(input_ids, word_starts): [CLS] words [SEP] words [SEP], words of 1..max_pieces pieces."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num):
+        ids, starts = [CLS], [1]
+        num_words = int(rng.integers(min_words, max_words + 1))
+        cut = int(rng.integers(1, num_words + 1))
+        for w in range(num_words):
+            if w == cut:
+                ids.append(SEP)
+                starts.append(1)
+            pieces = int(rng.integers(1, max_pieces + 1))
+            ids.extend(rng.integers(7, 1000, size=pieces).tolist())
+            starts.extend([1] + [0] * (pieces - 1))
+        ids.append(SEP)
+        starts.append(1)
+        rows.append((np.array(ids, np.int32), np.array(starts, np.int32)))
+    return rows
+
+
+def words_of(ids, starts):
+    """Lists of token positions, one per word of maskable tokens."""
+    words, current = [], []
+    for i, (t, s) in enumerate(zip(ids, starts, strict=True)):
+        if t in SPECIALS:
+            current = []
+            continue
+        if s or not current:
+            current = []
+            words.append(current)
+        current.append(i)
+    return words
+
+
+def run_masker(fn, rows, *, seed=0, spec=SPEC, **kw):
+    def gen():
+        for ids, starts in rows:
+            yield {"input_ids": ids, "word_starts": starts}
+
+    sig = {k: tf.TensorSpec([None], tf.int32) for k in ("input_ids", "word_starts")}
+    ds = tf.data.Dataset.from_generator(gen, output_signature=sig).enumerate()
+    ds = ds.map(
+        lambda i, f: fn(f, seed=tf.stack([tf.constant(seed, tf.int64), i]), spec=spec, **kw)
+    )
+    return list(ds.as_numpy_iterator())
+
+
+def selected_positions(out):
+    k = int(out["masked_weights"].sum())
+    return set(out["masked_positions"][:k].tolist())
+
+
+def test_unit_index_example():
+    index, num = whole_word.unit_index(
+        tf.constant([False, True, True, True, False, True]), tf.constant([1, 1, 0, 1, 1, 0])
+    )
+    np.testing.assert_array_equal(index, [-1, 0, 0, 1, -1, 2])
+    assert int(num) == 3
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_greedy_fit_matches_bert_fit_or_skip_loop(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 6, size=40)
+    budget = int(rng.integers(0, 40))
+    expected, remaining = [], budget
+    for n in lengths:  # BERT: skip a word that does not fit, keep trying the rest
+        take = n <= remaining
+        remaining -= n if take else 0
+        expected.append(take)
+    got = whole_word.greedy_fit(tf.constant(lengths, tf.int32), tf.constant(budget))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_whole_words_within_budget_and_fit_or_skip_is_tight():
+    rows = worded_rows(200, seed=1)
+    short = 0
+    for (ids, starts), out in zip(rows, run_masker(whole_word.mask_whole_words, rows), strict=True):
+        chosen = selected_positions(out)
+        words = words_of(ids, starts)
+        n = sum(len(w) for w in words)
+        budget = min(SPEC.max_predictions, max(1, round(0.15 * n)), n)
+        assert len(chosen) <= budget
+        remaining = budget - len(chosen)
+        for word in words:
+            inside = [p in chosen for p in word]
+            assert all(inside) or not any(inside), word  # whole words only
+            if not any(inside):
+                assert len(word) > remaining  # a skipped word really did not fit
+        short += remaining > 0
+        assert not np.isin(ids[sorted(chosen)], SPECIALS).any()
+    assert short < len(rows)  # the budget is usually met exactly
+
+
+def test_one_piece_words_meet_the_budget_exactly():
+    rows = worded_rows(100, seed=2, max_pieces=1)
+    for (ids, _), out in zip(rows, run_masker(whole_word.mask_whole_words, rows), strict=True):
+        n = int(np.sum(~np.isin(ids, SPECIALS)))
+        assert out["masked_weights"].sum() == min(30, max(1, round(0.15 * n)), n)
+
+
+def test_each_piece_draws_its_own_replacement():
+    # BERT's whole-word masking decides [MASK]/random/keep per piece, not per word.
+    rows = worded_rows(200, seed=3, min_words=40, max_pieces=4)
+    mixed = 0
+    for (ids, starts), out in zip(rows, run_masker(whole_word.mask_whole_words, rows), strict=True):
+        chosen = selected_positions(out)
+        for word in words_of(ids, starts):
+            if word[0] in chosen and len(word) > 1:
+                is_mask = out["input_ids"][word] == MASK
+                mixed += is_mask.any() and not is_mask.all()
+    assert mixed > 0
+
+
+def test_whole_word_static_and_dynamic_modes():
+    rows = worded_rows(4, seed=4, min_words=30)
+
+    def ds():
+        sig = {k: tf.TensorSpec([None], tf.int32) for k in ("input_ids", "word_starts")}
+        gen = lambda: ({"input_ids": i, "word_starts": s} for i, s in rows)
+        return tf.data.Dataset.from_generator(gen, output_signature=sig)
+
+    with seqio.map_seed_manager(3):
+        static = whole_word.whole_word_static_mlm(ds(), spec=SPEC, dupe_factor=2)
+        dynamic = whole_word.whole_word_dynamic_mlm(ds().repeat(2), spec=SPEC)
+    static_pos = [tuple(e["masked_positions"]) for e in static.as_numpy_iterator()]
+    assert len(static_pos) == 8
+    assert static_pos == [tuple(e["masked_positions"]) for e in static.as_numpy_iterator()]
+    dynamic_pos = [tuple(e["masked_positions"]) for e in dynamic.as_numpy_iterator()]
+    assert all(dynamic_pos[d] != dynamic_pos[d + 4] for d in range(4))
+
+
+def test_missing_word_starts_fails_loudly():
+    with pytest.raises(ValueError, match="word_starts"):
+        whole_word.mask_whole_words(
+            {"input_ids": tf.constant([2, 10, 3])}, seed=tf.constant([0, 0]), spec=SPEC
+        )
+
+
+@pytest.mark.parametrize("masker", ["tokens", "whole_words", "ngrams", "spans"])
+def test_rows_without_maskable_tokens_get_no_predictions(masker):
+    fn = {
+        "tokens": mlm.mask_tokens,
+        "whole_words": whole_word.mask_whole_words,
+        "ngrams": ngram.mask_ngrams,
+        "spans": spanbert.mask_spans,
+    }[masker]
+    for ids in ([CLS, SEP], [CLS, SEP, SEP]):
+        features = {"input_ids": tf.constant(ids), "word_starts": tf.ones([len(ids)], tf.int32)}
+        out = fn(features, seed=tf.constant([0, 0]), spec=SPEC)
+        np.testing.assert_array_equal(out["input_ids"], ids)
+        assert float(tf.reduce_sum(out["masked_weights"])) == 0.0
