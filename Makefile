@@ -41,7 +41,9 @@ $(PEERS_STAMP): benchmarks/peers-requirements.txt
 	touch $(PEERS_STAMP)
 
 bench: $(STAMP) $(PEERS_STAMP)
-	JAX_PLATFORMS=cpu $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python $(ARGS)
+	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python
+	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/data_pipeline.py --peer_python=$(PEERS)/bin/python
+	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py
 
 pretrain: $(STAMP)
 	$(PY) -m lmsuite.cli pretrain $(ARGS)

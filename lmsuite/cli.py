@@ -12,6 +12,7 @@ loss, 143 preempted (SIGTERM, checkpoint saved).
 """
 
 import argparse
+import os
 import difflib
 import inspect
 import logging
@@ -21,6 +22,9 @@ from pathlib import Path
 import gin.config_parser as gin_parser
 
 import gin
+
+# TensorFlow (behind SeqIO) logs start-up chatter at INFO; a command line wants warnings only.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
 
@@ -230,6 +234,13 @@ def semantic_problems(kwargs: dict) -> list[str]:
     return problems
 
 
+def _add_search_paths(paths: list[Path]) -> None:
+    """Adds the gin search paths (after the working directory, which gin always tries first)."""
+    for path in paths:
+        if str(path) not in gin.config._LOCATION_PREFIXES:
+            gin.add_config_file_search_path(str(path))
+
+
 def load_config(args) -> dict:
     """Parses gin files and bindings, checks them, and returns `train`'s arguments."""
     register_configurables()
@@ -238,8 +249,7 @@ def load_config(args) -> dict:
     if problems:
         raise ConfigError(problems)
     gin.clear_config()
-    # Search our paths before the working directory (gin logs an error for every miss).
-    gin.config._LOCATION_PREFIXES[:] = [str(p) for p in search_paths] + [""]
+    _add_search_paths(search_paths)
     gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings, finalize_config=False)
     try:
         kwargs = gin.get_configurable("lmsuite.training.train")()
@@ -260,8 +270,7 @@ def model_config_from_gin(
     if gin.config._REGISTRY.get_match("lmsuite.models.ModelConfig") is None:
         gin.external_configurable(ModelConfig, name="ModelConfig", module="lmsuite.models")
     gin.clear_config()
-    for path in [GIN_DIR, *search_paths]:
-        gin.add_config_file_search_path(str(path))
+    _add_search_paths([*map(Path, search_paths), GIN_DIR])
     files = [str(Path(f).absolute()) if Path(f).is_file() else f for f in gin_files]
     gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False)
     return gin.get_configurable("lmsuite.models.ModelConfig")()
@@ -279,6 +288,32 @@ def run_info(args) -> dict:
     else:
         print(summary.format_summary(result, title=", ".join(args.gin_file)))
     return result
+
+
+def run_vocab(args) -> str:
+    """`lmsuite vocab train`: a deterministic SentencePiece model for an embedded corpus."""
+    from lmsuite.data import vocab
+
+    path = vocab.train_vocab(
+        corpus=args.corpus, size=args.size, out_dir=args.out_dir, seed=args.seed
+    )
+    print(path)
+    return str(path)
+
+
+def run_tasks(args) -> None:
+    """`lmsuite tasks list` / `lmsuite tasks show NAME --n 3`."""
+    from lmsuite.data import inspect as task_inspect
+
+    if args.action == "list":
+        print("\n".join(task_inspect.list_tasks()))
+        return
+    if not args.name:
+        raise ConfigError(["`lmsuite tasks show` needs a task name; see `lmsuite tasks list`"])
+    known = task_inspect.list_tasks()
+    if args.name not in known:
+        raise ConfigError([f"unknown task {args.name!r}{_nearest(args.name, known)}"])
+    print(task_inspect.show_task(args.name, n=args.n, split=args.split, seed=args.seed))
 
 
 # ---------------------------------------------------------------------------- commands
@@ -327,6 +362,22 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--gin_search_paths", type=lambda s: s.split(","), default=[])
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=run_info)
+
+    vocab = commands.add_parser("vocab", help="train a SentencePiece vocabulary")
+    vocab.add_argument("action", choices=["train"])
+    vocab.add_argument("--corpus", required=True, help="an embedded corpus, e.g. wiki_sample")
+    vocab.add_argument("--size", type=int, required=True, help="pieces, specials included")
+    vocab.add_argument("--out_dir", default=None, help="default: the lmsuite cache")
+    vocab.add_argument("--seed", type=int, default=0)
+    vocab.set_defaults(handler=run_vocab)
+
+    tasks = commands.add_parser("tasks", help="list registered tasks or show decoded examples")
+    tasks.add_argument("action", choices=["list", "show"])
+    tasks.add_argument("name", nargs="?", default=None)
+    tasks.add_argument("--n", type=int, default=3, help="examples to show")
+    tasks.add_argument("--split", default="validation")
+    tasks.add_argument("--seed", type=int, default=0)
+    tasks.set_defaults(handler=run_tasks)
     return parser
 
 

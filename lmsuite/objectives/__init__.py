@@ -1,0 +1,41 @@
+"""The jax side of each pretraining objective: which model inputs to feed, and the loss.
+
+An `Objective` sees the model's output dict and the batch dict, never a model class. Its loss is
+a sum of named terms, each `loss_sum / denominator`; the denominators depend on the batch alone,
+so a step can compute them over the whole global batch first and then accumulate microbatch
+gradients that add up exactly to the big batch's gradient.
+"""
+
+from lmsuite.objectives.base import Objective, TermSums
+from lmsuite.objectives.causal_lm import causal_lm, prefix_lm
+from lmsuite.objectives.classification import classification
+from lmsuite.objectives.mlm import mlm
+from lmsuite.objectives.rtd import rtd
+
+FACTORIES = {
+    "mlm": mlm,
+    "causal_lm": causal_lm,
+    "prefix_lm": prefix_lm,
+    "classification": classification,
+    "rtd": rtd,
+}
+
+
+def make_objective(*, name: str, **kwargs) -> Objective:
+    """Builds the objective registered under `name` (see `FACTORIES`) with keyword options."""
+    if name not in FACTORIES:
+        raise ValueError(f"objective name must be one of {sorted(FACTORIES)}, got {name!r}")
+    return FACTORIES[name](**kwargs)
+
+
+__all__ = [
+    "FACTORIES",
+    "Objective",
+    "TermSums",
+    "causal_lm",
+    "classification",
+    "make_objective",
+    "mlm",
+    "prefix_lm",
+    "rtd",
+]

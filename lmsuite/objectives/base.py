@@ -1,0 +1,106 @@
+"""`Objective`, the token cross-entropy every objective shares, and loss assembly."""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Batch = Mapping[str, jax.Array]
+
+
+class TermSums(NamedTuple):
+    """Sums over the examples of one loss term: weighted loss and weighted correct predictions."""
+
+    loss: jax.Array
+    correct: jax.Array
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Objective:
+    """What the training step needs to know about an objective.
+
+    Attributes:
+      name: for metrics and error messages.
+      model_inputs: batch -> keyword arguments of the model's `__call__` (ids, masks, ...).
+      denominators: batch -> {term: total weight}; depends on the batch only.
+      terms: (model outputs, batch) -> {term: TermSums}; the same keys as `denominators`.
+      num_tokens: batch -> number of real (non-padding) input tokens, for tokens/s.
+      term_weights: optional multiplier per term (ELECTRA's discriminator weight, for example).
+    """
+
+    name: str
+    model_inputs: Callable[[Batch], dict]
+    denominators: Callable[[Batch], dict[str, jax.Array]]
+    terms: Callable[[Mapping[str, jax.Array], Batch], dict[str, TermSums]]
+    num_tokens: Callable[[Batch], jax.Array]
+    term_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def loss_and_metrics(
+        self, outputs: Mapping[str, jax.Array], batch: Batch, denominators: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Total loss and per-term `{term}_loss` / `{term}_accuracy` for the given denominators.
+
+        With the denominators of the whole global batch, the values of microbatches add up to
+        the values of the whole batch.
+        """
+        sums = self.terms(outputs, batch)
+        if set(sums) != set(denominators):
+            raise ValueError(
+                f"objective {self.name!r}: terms {sorted(sums)} do not match denominators "
+                f"{sorted(denominators)}"
+            )
+        total = jnp.zeros((), jnp.float32)
+        metrics = {}
+        for term, term_sums in sums.items():
+            safe = jnp.maximum(denominators[term], 1e-8)
+            term_loss = term_sums.loss / safe
+            total = total + self.term_weights.get(term, 1.0) * term_loss
+            metrics[f"{term}_loss"] = term_loss
+            metrics[f"{term}_accuracy"] = term_sums.correct / safe
+        return total, metrics
+
+
+def token_cross_entropy(logits, targets, weights) -> TermSums:
+    """Weighted sums of softmax cross-entropy and of argmax hits, computed in float32.
+
+    Example: logits (2, 3, V), targets (2, 3) ids, weights (2, 3) in {0, 1} -> two scalars,
+    the sum of -log p(target) and the number of correct argmaxes over weighted positions.
+    """
+    if logits.shape[:-1] != targets.shape or targets.shape != weights.shape:
+        raise ValueError(
+            f"logits {logits.shape} need targets and weights of shape {logits.shape[:-1]}, got "
+            f"targets {targets.shape} and weights {weights.shape}"
+        )
+    logits = logits.astype(jnp.float32)
+    weights = weights.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[
+        ..., 0
+    ]
+    loss = jnp.sum((log_z - target_logit) * weights)
+    correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+    return TermSums(loss=loss, correct=correct)
+
+
+def total_weight(weights) -> jax.Array:
+    """The float32 sum of a weight array."""
+    return jnp.sum(weights.astype(jnp.float32))
+
+
+def optional(batch: Batch, **names: str) -> dict:
+    """Model keyword arguments for the batch features that are present.
+
+    Example: optional({"a": x}, attention_mask="a", segment_ids="s") -> {"attention_mask": x}
+    """
+    return {kwarg: batch[feature] for kwarg, feature in names.items() if feature in batch}
+
+
+def require(batch: Batch, objective: str, *features: str) -> None:
+    """Raises a ValueError naming the missing features and the ones the batch has."""
+    missing = [f for f in features if f not in batch]
+    if missing:
+        raise ValueError(
+            f"objective {objective!r} needs batch features {missing}; the batch has {sorted(batch)}"
+        )

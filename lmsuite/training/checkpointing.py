@@ -1,0 +1,172 @@
+"""Orbax checkpoints that are committed explicitly and verified before they are loaded.
+
+Layout: `MODEL_DIR/checkpoints/<step>/` holds Orbax's `state` item (the TrainState) and `data`
+item (the input position: batches consumed), plus our `COMMITTED` manifest, written only after
+the asynchronous save has finished: a JSON map from every file of the step to its size. A step
+without the manifest, or whose files are missing or have other sizes (a truncated array), is
+damaged: `restore_latest` names it and why, moves it to `MODEL_DIR/checkpoints.damaged/`, and
+falls back to the previous committed step. A complete step that does not fit the current train
+state (a changed config) is an error, not a fallback. Orbax's own temporary directories left by
+a killed save are removed when the manager starts.
+"""
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+MANIFEST = "COMMITTED"
+TMP_MARKER = ".orbax-checkpoint-tmp-"  # Orbax writes a step here, then renames it
+# Fault injection for tests/integration: SIGKILL this process right after the (asynchronous)
+# save of this step has started, so the kill lands while the checkpoint is being written.
+KILL_DURING_SAVE_ENV = "LMSUITE_FAULT_KILL_DURING_SAVE"
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint step that must not be loaded; the message names the step and the damage."""
+
+
+def _files(step_dir: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(step_dir)): p.stat().st_size
+        for p in sorted(step_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def verify(step_dir: Path) -> None:
+    """Raises DamagedCheckpointError unless `step_dir` is committed and complete."""
+    manifest = step_dir / MANIFEST
+    if not manifest.exists():
+        raise DamagedCheckpointError(
+            f"checkpoint {step_dir} has no {MANIFEST} marker: its save never finished"
+        )
+    try:
+        expected = json.loads(manifest.read_text())
+    except json.JSONDecodeError as error:
+        raise DamagedCheckpointError(
+            f"checkpoint {step_dir}: unreadable {MANIFEST}: {error}"
+        ) from error
+    found = _files(step_dir)
+    problems = [f"missing {name}" for name in expected if name not in found]
+    problems += [
+        f"{name} has {found[name]} bytes, expected {size}"
+        for name, size in expected.items()
+        if name in found and found[name] != size
+    ]
+    if problems:
+        raise DamagedCheckpointError(f"checkpoint {step_dir} is damaged: " + "; ".join(problems))
+
+
+class Checkpointer:
+    """Saves (asynchronously) and restores TrainState plus the data position.
+
+    Args:
+      directory: the checkpoint root, e.g. MODEL_DIR/checkpoints.
+      keep: how many committed steps to keep (None: all).
+      async_save: write in a background thread while training continues.
+    """
+
+    def __init__(self, *, directory: str | Path, keep: int | None = 3, async_save: bool = True):
+        if keep is not None and keep < 2:
+            raise ValueError(f"keep must be >= 2 so that a damaged step has a fallback, got {keep}")
+        self.directory = Path(directory).absolute()
+        self._pending: list[int] = []
+        if jax.process_index() == 0 and self.directory.exists():
+            # Orbax also cleans these, but in a background future; do it before anything reads.
+            for leftover in self.directory.glob(f"*{TMP_MARKER}*"):
+                print(f"lmsuite: removing unfinished checkpoint {leftover}", file=sys.stderr)
+                shutil.rmtree(leftover)
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                enable_async_checkpointing=async_save,
+                cleanup_tmp_directories=True,
+            ),
+            item_names=("state", "data"),
+        )
+
+    def save(self, step: int, state: Any, data_position: dict[str, int]) -> None:
+        """Starts saving `state` and `data_position` as `step`; commits earlier saves first."""
+        if step in self._pending or step in self.manager.all_steps():
+            return
+        self.commit()
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position)
+            ),
+            force=True,
+        )
+        self._pending.append(step)
+        if os.environ.get(KILL_DURING_SAVE_ENV) == str(step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def commit(self) -> None:
+        """Waits for pending saves and writes their manifests (process 0)."""
+        self.manager.wait_until_finished()
+        if jax.process_index() == 0:
+            for step in self._pending:
+                step_dir = self.directory / str(step)
+                if step_dir.exists():  # it may already be rotated out by `keep`
+                    tmp = step_dir / (MANIFEST + ".tmp")
+                    tmp.write_text(json.dumps(_files(step_dir), indent=0))
+                    tmp.rename(step_dir / MANIFEST)
+        self._pending = []
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a manifest, oldest first (not yet verified)."""
+        return [
+            s for s in self.manager.all_steps() if (self.directory / str(s) / MANIFEST).exists()
+        ]
+
+    def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, int]] | None:
+        """Restores the newest verified step, or returns None when there is none.
+
+        Damaged steps are reported on stderr with the reason, moved aside, and skipped.
+        """
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            step_dir = self.directory / str(step)
+            try:
+                verify(step_dir)
+            except DamagedCheckpointError as error:
+                print(f"lmsuite: not loading checkpoint step {step}: {error}", file=sys.stderr)
+                self._move_aside(step)
+                continue
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+                    ),
+                )
+            except (ValueError, OSError) as error:
+                # Complete on disk but not this run's state: most likely a changed model or
+                # optimizer configuration, which must not be papered over by a fallback.
+                raise ValueError(
+                    f"checkpoint {step_dir} is committed and complete but does not restore into "
+                    f"this run's train state (was the model or optimizer changed?): {error}"
+                ) from error
+            return restored.state, dict(restored.data)
+        return None
+
+    def _move_aside(self, step: int) -> None:
+        if jax.process_index() == 0:
+            damaged = self.directory.parent / (self.directory.name + ".damaged")
+            damaged.mkdir(exist_ok=True)
+            target = damaged / f"{step}-{int(time.time())}"
+            shutil.move(str(self.directory / str(step)), target)
+            print(f"lmsuite: moved damaged step {step} to {target}", file=sys.stderr)
+        self.manager.reload()
+
+    def close(self) -> None:
+        self.commit()
+        self.manager.close()

@@ -1,0 +1,250 @@
+"""The training loop: one function, read top to bottom, in named sections.
+
+mesh -> model and optimizer -> restore -> data -> step -> loop (log, eval, checkpoint,
+preemption, divergence) -> finish. Everything it needs comes in as keyword arguments; `cli.py`
+binds them from gin.
+"""
+
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import jax
+import optax
+import seqio
+from tqdm import tqdm
+
+from lmsuite import partitioning
+from lmsuite.models import ModelConfig, Transformer
+from lmsuite.objectives import Objective
+from lmsuite.training import checkpointing, input_pipeline, report, step
+from lmsuite.training.metrics import MetricsLog
+from lmsuite.training.train_state import abstract_state, create_sharded_state
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, but nothing was lost.
+DIVERGED_EXIT_CODE = 3
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm became NaN/Inf; the message names the step."""
+
+
+class Preempted(RuntimeError):
+    """SIGTERM arrived; a checkpoint of the current step was written."""
+
+
+def train(
+    *,
+    model_dir: str,
+    model_config: ModelConfig,
+    task: str,
+    sequence_length: Mapping[str, int],
+    feature_converter: seqio.FeatureConverter,
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    batch_size: int,
+    train_steps: int,
+    mesh_shape: Sequence[int] = (-1, 1, 1),
+    rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+    seed: int = 0,
+    num_microbatches: int = 1,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int = 3,
+    log_every: int = 10,
+    eval_every: int = 0,
+    eval_batches: int = 10,
+    eval_split: str = "validation",
+    skip_nonfinite: bool = False,
+    progress_bar: bool = True,
+    peak_flops_per_device: float | None = None,
+    input_threads: int | None = None,
+) -> dict[str, float]:
+    """Trains `model_config` on `task` until `train_steps`, resuming from `model_dir` if it
+    holds checkpoints. Returns the last evaluation's metrics (empty if none ran).
+
+    Raises:
+      NonFiniteLossError: a NaN/Inf loss without `skip_nonfinite` (the last good checkpoint is
+        left untouched; nothing is saved after the bad step).
+      Preempted: SIGTERM; a checkpoint of the current step was saved first.
+    """
+    model_dir_path = Path(model_dir)
+    model_dir_path.mkdir(parents=True, exist_ok=True)
+    is_main = jax.process_index() == 0
+
+    # ----------------------------------------------------------------------------- mesh
+    data, fsdp, tensor = mesh_shape
+    mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
+
+    # --------------------------------------------------------------- model and optimizer
+    model = Transformer(model_config)
+    example = report.example_inputs(objective, sequence_length, feature_converter)
+
+    def init_params(rng):
+        inputs = objective.model_inputs(example)
+        return model.init({"params": rng}, **inputs)["params"]
+
+    state, state_shardings, logical_specs = create_sharded_state(
+        init_params=init_params, tx=optimizer, mesh=mesh, rng=jax.random.PRNGKey(seed), rules=rules
+    )
+    if is_main:
+        report.write_model_info(
+            model_dir_path / "model-info.txt", state.params, logical_specs, state_shardings.params
+        )
+
+    # --------------------------------------------------------------------------- restore
+    ckpt = checkpointing.Checkpointer(
+        directory=model_dir_path / "checkpoints", keep=keep_checkpoints
+    )
+    shapes = jax.eval_shape(lambda s: s, state)
+    restored = ckpt.restore_latest(abstract_state(state_shardings, shapes))
+    batches_consumed = 0
+    if restored is not None:
+        state, position = restored
+        batches_consumed = position["batches_consumed"]
+    start_step = int(state.step)
+    log = MetricsLog(model_dir=model_dir_path, resume_step=start_step)
+
+    # ------------------------------------------------------------------------------ data
+    batch_shapes = {
+        k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype) for k, v in example.items()
+    }
+    batch_sharding = step.batch_shardings(batch_shapes, mesh, rules=rules)
+    train_data = input_pipeline.process_dataset(
+        task=task,
+        sequence_length=sequence_length,
+        feature_converter=feature_converter,
+        global_batch_size=batch_size,
+        split="train",
+        seed=seed,
+        skip_batches=batches_consumed,
+        input_threads=input_threads,
+    )
+    batches = input_pipeline.Prefetcher(train_data.as_numpy_iterator(), batch_sharding)
+
+    # ------------------------------------------------------------------------------ step
+    train_step = step.jit_train_step(
+        apply_fn=model.apply,
+        objective=objective,
+        learning_rate_fn=learning_rate_fn,
+        state_shardings=state_shardings,
+        batch_sharding=batch_sharding,
+        mesh=mesh,
+        rules=rules,
+        num_microbatches=num_microbatches,
+        skip_nonfinite=skip_nonfinite,
+    )
+    eval_step = step.jit_eval_step(
+        apply_fn=model.apply,
+        objective=objective,
+        state_shardings=state_shardings,
+        batch_sharding=batch_sharding,
+        mesh=mesh,
+        rules=rules,
+    )
+    dropout_rng = jax.random.PRNGKey(seed + 1)
+
+    def evaluate() -> dict[str, float]:
+        eval_data = input_pipeline.process_dataset(
+            task=task,
+            sequence_length=sequence_length,
+            feature_converter=feature_converter,
+            global_batch_size=batch_size,
+            split=eval_split,
+            shuffle=False,
+            repeat=False,
+        ).take(eval_batches)
+        totals: dict[str, float] = {}
+        count = 0
+        for local in eval_data.as_numpy_iterator():
+            metrics = eval_step(state, input_pipeline.to_global(local, batch_sharding))
+            for k, v in jax.device_get(metrics).items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            count += 1
+        return {f"eval/{k}": v / max(count, 1) for k, v in totals.items()}
+
+    # -------------------------------------------------------------------- preemption
+    preempted = {"flag": False}
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.__setitem__("flag", True))
+
+    def save(at_step: int) -> None:
+        ckpt.save(at_step, state, {"batches_consumed": at_step})
+
+    # ------------------------------------------------------------------------------ loop
+    flops_per_step = None
+    last_eval: dict[str, float] = {}
+    bar = tqdm(
+        total=train_steps, initial=start_step, disable=not (progress_bar and is_main), unit="step"
+    )
+    window = {"start": time.perf_counter(), "tokens": 0.0, "steps": 0}
+
+    def report_step(done: int, metrics: dict) -> None:
+        """Reads one step's metrics: stops on NaN/Inf, logs every `log_every` steps."""
+        host = jax.device_get(metrics)
+        window["tokens"] += float(host["num_tokens"])
+        window["steps"] += 1
+        if host["nonfinite"] and not skip_nonfinite:
+            raise NonFiniteLossError(
+                f"loss is {float(host['loss'])} (grad_norm {float(host['grad_norm'])}) at "
+                f"step {done}; stopping without saving. The last good checkpoint is "
+                f"step {max(ckpt.committed_steps() or [0])} in {ckpt.directory}"
+            )
+        bar.update(1)
+        if done % log_every and done != train_steps:
+            return
+        elapsed = time.perf_counter() - window["start"]
+        scalars = {k: v for k, v in host.items() if k != "nonfinite"}
+        scalars["tokens_per_sec"] = window["tokens"] / elapsed
+        scalars["steps_per_sec"] = window["steps"] / elapsed
+        scalars["input_wait_sec"] = batches.wait_seconds
+        mfu = report.mfu(
+            flops_per_step=flops_per_step,
+            steps_per_sec=window["steps"] / elapsed,
+            peak_flops_per_device=peak_flops_per_device,
+        )
+        if mfu is not None:
+            scalars["mfu"] = mfu
+        log.write(done, scalars)
+        bar.set_postfix(
+            loss=f"{float(host['loss']):.4f}",
+            tok_s=f"{scalars['tokens_per_sec']:.0f}",
+            mfu="n/a" if mfu is None else f"{100 * mfu:.1f}%",
+        )
+        window.update(start=time.perf_counter(), tokens=0.0, steps=0)
+
+    try:
+        pending = None  # (step, metrics) not yet read back
+        for current in range(start_step, train_steps):
+            batch = next(batches)
+            if flops_per_step is None:
+                flops_per_step = report.train_flops(state.params, batch, objective)
+            state, metrics = train_step(state, batch, dropout_rng)
+            done = current + 1
+            # Read the previous step's metrics while this one runs, so the device never waits
+            # for the host; a NaN is caught at most one step late, before anything is saved.
+            if pending is not None:
+                report_step(*pending)
+            pending = (done, metrics)
+            stop = preempted["flag"]
+            do_eval = bool(eval_every) and (done % eval_every == 0 or done == train_steps)
+            do_save = done % checkpoint_every == 0 or done == train_steps or stop
+            if do_eval or do_save:
+                report_step(*pending)
+                pending = None
+            if do_eval:
+                last_eval = evaluate()
+                log.write(done, last_eval)
+            if do_save:
+                save(done)
+            if stop:
+                ckpt.commit()
+                raise Preempted(f"SIGTERM at step {done}; saved checkpoint step {done}")
+    finally:
+        # ------------------------------------------------------------------------ finish
+        signal.signal(signal.SIGTERM, previous_handler)
+        bar.close()
+        batches.close()
+        ckpt.close()
+        log.close()
+    return last_eval

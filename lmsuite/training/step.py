@@ -1,0 +1,239 @@
+"""The training step: a pure function of (state, batch, rng), jitted once with explicit
+shardings and the state donated.
+
+Gradient accumulation scans over microbatches. Every loss term is a sum divided by a
+denominator computed from the *whole* batch first, so the accumulated gradient is the big
+batch's gradient, not an average of microbatch averages.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lmsuite import partitioning
+from lmsuite.objectives import Objective
+from lmsuite.training.train_state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
+    """Reshapes every (B, ...) feature to (num_microbatches, B / num_microbatches, ...).
+
+    Example: {"x": shape (8, 16)}, 4 -> {"x": shape (4, 2, 16)}; rows 0-1 form microbatch 0.
+    """
+
+    def split(name, x):
+        if x.shape[0] % num_microbatches:
+            raise ValueError(
+                f"batch feature {name!r} has {x.shape[0]} rows, not divisible into "
+                f"{num_microbatches} microbatches"
+            )
+        return x.reshape((num_microbatches, x.shape[0] // num_microbatches) + x.shape[1:])
+
+    return {name: split(name, x) for name, x in batch.items()}
+
+
+def loss_and_grads(
+    params: Any,
+    batch: Batch,
+    rng: jax.Array,
+    *,
+    apply_fn: Callable[..., dict[str, jax.Array]],
+    objective: Objective,
+    num_microbatches: int = 1,
+) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """(loss, term metrics, gradients) of the whole batch, accumulated over microbatches.
+
+    Microbatch i uses dropout key `fold_in(rng, i)`; without accumulation the key is `rng`.
+    """
+    denominators = objective.denominators(batch)
+
+    def loss_fn(params, micro, micro_rng):
+        outputs = apply_fn(
+            {"params": params},
+            **objective.model_inputs(micro),
+            deterministic=False,
+            rngs={"dropout": micro_rng},
+        )
+        return objective.loss_and_metrics(outputs, micro, denominators)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if num_microbatches == 1:
+        (loss, metrics), grads = grad_fn(params, batch, rng)
+        return loss, metrics, grads
+
+    micro_batches = split_microbatches(batch, num_microbatches)
+
+    def accumulate(carry, xs):
+        index, micro = xs
+        (micro_loss, micro_metrics), micro_grads = grad_fn(
+            params, micro, jax.random.fold_in(rng, index)
+        )
+        return jax.tree.map(jnp.add, carry, (micro_loss, micro_metrics, micro_grads)), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    metric_shapes = jax.eval_shape(lambda: loss_fn(params, first, rng)[1])
+    zeros = (
+        jnp.zeros((), jnp.float32),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
+        jax.tree.map(jnp.zeros_like, params),
+    )
+    (loss, metrics, grads), _ = jax.lax.scan(
+        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches)
+    )
+    return loss, metrics, grads
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    rng: jax.Array,
+    *,
+    apply_fn: Callable[..., dict[str, jax.Array]],
+    objective: Objective,
+    learning_rate_fn: Callable[[jax.Array], jax.Array],
+    num_microbatches: int = 1,
+    skip_nonfinite: bool = False,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update.
+
+    Args:
+      state: the current TrainState (donated by the jitted version).
+      batch: global batch of features, each (B, ...).
+      rng: the run's dropout key; this step uses `fold_in(rng, state.step)`.
+      apply_fn: `model.apply`.
+      objective: model inputs and loss terms.
+      learning_rate_fn: the schedule, only to report the rate used.
+      num_microbatches: gradient-accumulation steps per update.
+      skip_nonfinite: if the loss or gradient norm is NaN/Inf, keep the old parameters and
+        optimizer state and count the step in `state.skipped` (otherwise the update is applied
+        and the caller stops on the `nonfinite` metric).
+
+    Returns:
+      (new_state, metrics): scalars `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
+      `nonfinite`, `skipped` and each term's `{term}_loss` / `{term}_accuracy`.
+    """
+    loss, metrics, grads = loss_and_grads(
+        state.params,
+        batch,
+        jax.random.fold_in(rng, state.step),
+        apply_fn=apply_fn,
+        objective=objective,
+        num_microbatches=num_microbatches,
+    )
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if skip_nonfinite:
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        params = keep(params, state.params)
+        opt_state = keep(opt_state, state.opt_state)
+    skipped = state.skipped + jnp.where(finite, 0, 1).astype(state.skipped.dtype) * skip_nonfinite
+    new_state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped
+    )
+    metrics = dict(metrics)
+    metrics |= {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "learning_rate": jnp.asarray(learning_rate_fn(state.step), jnp.float32),
+        "num_tokens": objective.num_tokens(batch),
+        "nonfinite": jnp.logical_not(finite).astype(jnp.int32),
+        "skipped": skipped,
+    }
+    return new_state, metrics
+
+
+def batch_shardings(batch_shapes: dict[str, Any], mesh: Mesh, *, rules) -> dict[str, NamedSharding]:
+    """Every feature sharded along its first (batch) dimension by the `batch` rule."""
+    return {
+        name: partitioning.named_sharding(
+            mesh, (partitioning.BATCH,) + (None,) * (len(shape.shape) - 1), rules=rules
+        )
+        for name, shape in batch_shapes.items()
+    }
+
+
+def jit_train_step(
+    *,
+    apply_fn: Callable[..., dict[str, jax.Array]],
+    objective: Objective,
+    learning_rate_fn: Callable[[jax.Array], jax.Array],
+    state_shardings: TrainState,
+    batch_sharding: dict[str, NamedSharding],
+    mesh: Mesh,
+    rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+    num_microbatches: int = 1,
+    skip_nonfinite: bool = False,
+) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
+    """`train_step` jitted with the given shardings and the state donated.
+
+    The returned function runs under the mesh and the logical-axis rules so that the model's
+    activation constraints resolve.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    jitted = jax.jit(
+        functools.partial(
+            train_step,
+            apply_fn=apply_fn,
+            objective=objective,
+            learning_rate_fn=learning_rate_fn,
+            num_microbatches=num_microbatches,
+            skip_nonfinite=skip_nonfinite,
+        ),
+        in_shardings=(state_shardings, batch_sharding, replicated),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=(0,),
+    )
+
+    def run(state, batch, rng):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(tuple(rules)):
+            return jitted(state, batch, rng)
+
+    return run
+
+
+def eval_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    apply_fn: Callable[..., dict[str, jax.Array]],
+    objective: Objective,
+) -> dict[str, jax.Array]:
+    """Loss and term metrics of one batch without dropout."""
+    outputs = apply_fn(
+        {"params": state.params}, **objective.model_inputs(batch), deterministic=True
+    )
+    loss, metrics = objective.loss_and_metrics(outputs, batch, objective.denominators(batch))
+    return dict(metrics) | {"loss": loss}
+
+
+def jit_eval_step(
+    *,
+    apply_fn: Callable[..., dict[str, jax.Array]],
+    objective: Objective,
+    state_shardings: TrainState,
+    batch_sharding: dict[str, NamedSharding],
+    mesh: Mesh,
+    rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+) -> Callable[[TrainState, Batch], dict[str, jax.Array]]:
+    """`eval_step` jitted with explicit shardings (nothing donated)."""
+    jitted = jax.jit(
+        functools.partial(eval_step, apply_fn=apply_fn, objective=objective),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=NamedSharding(mesh, PartitionSpec()),
+    )
+
+    def run(state, batch):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(tuple(rules)):
+            return jitted(state, batch)
+
+    return run

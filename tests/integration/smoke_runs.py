@@ -1,0 +1,94 @@
+"""Runs `lmsuite train` on gin/experiments/smoke.gin in a subprocess, for the fault tests."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_STEPS = 30
+
+
+def env(**extra) -> dict[str, str]:
+    out = dict(os.environ)
+    out.update(
+        PYTHONPATH=str(REPO),
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",  # one device: faster on 2 cores
+    )
+    out.pop("LMSUITE_FAULT_KILL_DURING_SAVE", None)
+    out.update(extra)
+    return out
+
+
+def command(model_dir: Path, *bindings: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "lmsuite.cli",
+        "train",
+        "--gin_file=experiments/smoke.gin",
+        f"--model_dir={model_dir}",
+        *bindings,
+    ]
+
+
+def run(model_dir: Path, *bindings: str, timeout: float = 600, **extra_env):
+    """Runs to completion; returns the CompletedProcess (stdout and stderr as text)."""
+    return subprocess.run(
+        command(model_dir, *bindings),
+        env=env(**extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def start(model_dir: Path, *bindings: str, **extra_env) -> subprocess.Popen:
+    return subprocess.Popen(
+        command(model_dir, *bindings),
+        env=env(**extra_env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def losses(model_dir: Path) -> dict[int, float]:
+    """step -> loss from metrics.jsonl (complete lines only)."""
+    out = {}
+    path = model_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if "loss" in record:
+            out[record["step"]] = record["loss"]
+    return out
+
+
+def wait_for_step(process: subprocess.Popen, model_dir: Path, step: int, timeout: float = 600):
+    """Polls metrics.jsonl until `step` is logged (or the process ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if max(losses(model_dir), default=0) >= step or process.poll() is not None:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached in {timeout} s")
+
+
+def committed_steps(model_dir: Path) -> list[int]:
+    root = model_dir / "checkpoints"
+    return sorted(int(p.name) for p in root.iterdir() if (p / "COMMITTED").exists())
+
+
+def copy_run(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target

@@ -1,0 +1,117 @@
+"""Fault tests on gin/experiments/smoke.gin (30 steps, checkpoint every 10, every step logged).
+
+A resumed run must log, step for step, bitwise the losses of an uninterrupted run: that holds
+only if the state, the optimizer, the dropout keys and the data position all resume exactly.
+"""
+
+import random
+import re
+import signal
+
+import pytest
+
+from lmsuite.training import checkpointing
+from tests.integration import smoke_runs as smoke
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("reference")
+    result = smoke.run(model_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = smoke.losses(model_dir)
+    assert sorted(losses) == list(range(1, smoke.SMOKE_STEPS + 1))
+    assert smoke.committed_steps(model_dir) == [10, 20, 30]
+    assert losses[30] < losses[1]
+    for name in ("config.gin", "model-info.txt"):
+        assert (model_dir / name).stat().st_size > 0
+    assert any((model_dir / "tensorboard").iterdir())
+    return model_dir, losses
+
+
+@pytest.mark.slow  # three runs
+def test_kill_during_checkpoint_write_then_sigterm_then_resume_is_bitwise(reference, tmp_path):
+    _, expected = reference
+    model_dir = tmp_path / "run"
+    # 1. SIGKILL while step 20's checkpoint is being written: step 10 is the newest committed.
+    killed = smoke.run(model_dir, **{checkpointing.KILL_DURING_SAVE_ENV: "20"})
+    assert killed.returncode == -signal.SIGKILL
+    assert smoke.committed_steps(model_dir) == [10]
+    torn = [p.name for p in (model_dir / "checkpoints").iterdir() if p.name.startswith("20")]
+    # 2. Resume; SIGTERM once step 23 is logged: a checkpoint of the step it stopped at.
+    process = smoke.start(model_dir)
+    smoke.wait_for_step(process, model_dir, 23)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, stderr[-3000:]
+    # The torn save is an Orbax temporary directory (removed at start) or a step without its
+    # COMMITTED marker (named on stderr and moved aside).
+    if torn == ["20"]:
+        assert "not loading checkpoint step 20" in stderr
+    assert not (model_dir / "checkpoints" / "20").exists() or "20" in str(
+        smoke.committed_steps(model_dir)
+    )
+    stopped_at = max(smoke.losses(model_dir))
+    assert stopped_at >= 23 and f"SIGTERM at step {stopped_at}" in stderr
+    assert max(smoke.committed_steps(model_dir)) == stopped_at
+    # 3. Resume to the end.
+    final = smoke.run(model_dir)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert smoke.losses(model_dir) == expected
+
+
+def _kill_at_random_step_and_resume(reference, tmp_path, seed):
+    _, expected = reference
+    model_dir = tmp_path / f"trial{seed}"
+    kill_after = random.Random(seed).randint(2, smoke.SMOKE_STEPS - 2)
+    process = smoke.start(model_dir)
+    smoke.wait_for_step(process, model_dir, kill_after)
+    process.kill()
+    process.wait(timeout=60)
+    result = smoke.run(model_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert smoke.losses(model_dir) == expected, f"killed after step {kill_after}"
+
+
+def test_kill_9_at_a_random_step_then_resume_is_bitwise(reference, tmp_path):
+    _kill_at_random_step_and_resume(reference, tmp_path, seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_kill_9_trials(reference, tmp_path, seed):
+    _kill_at_random_step_and_resume(reference, tmp_path, seed=seed)
+
+
+@pytest.mark.slow  # damaged steps are also covered in tests/training/test_checkpointing.py
+def test_corrupted_checkpoint_is_named_and_previous_step_used(reference, tmp_path):
+    source, expected = reference
+    model_dir = smoke.copy_run(source, tmp_path / "run")
+    step_dir = model_dir / "checkpoints" / "30"
+    victim = max(
+        (p for p in step_dir.rglob("*") if p.is_file() and p.name != "COMMITTED"),
+        key=lambda p: p.stat().st_size,
+    )
+    victim.write_bytes(victim.read_bytes()[:100])
+    result = smoke.run(model_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not loading checkpoint step 30" in result.stderr
+    assert str(victim.relative_to(step_dir)) in result.stderr
+    assert smoke.losses(model_dir) == expected  # steps 21-30 re-run from step 20
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(reference, tmp_path):
+    source, _ = reference
+    model_dir = smoke.copy_run(source, tmp_path / "run")
+    manifest = (model_dir / "checkpoints" / "30" / "COMMITTED").read_text()
+    result = smoke.run(
+        model_dir,
+        "--gin.TRAIN_STEPS=40",
+        "--gin.SCHEDULE='constant'",
+        "--gin.LEARNING_RATE=1e30",
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert re.search(r"loss is (nan|inf|-inf) .* at step 3[1-3]; stopping", result.stderr)
+    assert "last good checkpoint is step 30" in result.stderr
+    assert smoke.committed_steps(model_dir) == [10, 20, 30]
+    assert (model_dir / "checkpoints" / "30" / "COMMITTED").read_text() == manifest

@@ -1,0 +1,53 @@
+"""metrics.jsonl bookkeeping and the logical-axis helpers the train state relies on."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+
+from lmsuite import partitioning
+from lmsuite.training import metrics
+
+
+def test_truncate_drops_later_steps_and_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    loss = float(np.float32(2.7182817))
+    lines = [json.dumps({"step": s, "loss": loss + s}) for s in range(1, 6)]
+    path.write_text("\n".join(lines) + '\n{"step": 6, "lo')
+    assert [r["step"] for r in metrics.read_jsonl(path)] == [1, 2, 3, 4, 5]
+    metrics.truncate_after(path, 3)
+    records = metrics.read_jsonl(path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["loss"] == loss + 1  # bit-exact round trip
+
+
+def test_metrics_log_writes_jsonl_and_tensorboard(tmp_path):
+    log = metrics.MetricsLog(model_dir=tmp_path)
+    log.write(1, {"loss": np.float32(1.5), "grad_norm": float("nan")})
+    log.close()
+    assert metrics.read_jsonl(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "loss": 1.5, "grad_norm": "nan"}
+    ]
+    assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_logical_names_map_through_the_rules():
+    assert partitioning.mesh_axes(("batch", "length")) == PartitionSpec(("data", "fsdp"), None)
+    # A mesh axis shards one dimension only.
+    assert partitioning.mesh_axes(("embed", "embed")) == PartitionSpec("fsdp", None)
+    assert partitioning.mesh_axes(("vocab", "embed")) == PartitionSpec("tensor", "fsdp")
+    with pytest.raises(ValueError, match=r"\['hidden'\] have no rule"):
+        partitioning.mesh_axes(("hidden",))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (forced CPU) devices")
+def test_indivisible_dimensions_are_listed():
+    mesh = partitioning.make_mesh(data=2, fsdp=4, tensor=1)
+    shapes = {"w": jax.ShapeDtypeStruct((6, 10), np.float32)}
+    shardings = {"w": partitioning.named_sharding(mesh, ("embed", "mlp"))}
+    with pytest.raises(ValueError, match=r"\['w'\] shape \(6, 10\): 6 not divisible by"):
+        partitioning.check_divisible(shapes, shardings, what="params")
+    shapes = {"w": jax.ShapeDtypeStruct((8, 10), np.float32)}
+    partitioning.check_divisible(shapes, shardings, what="params")
