@@ -12,10 +12,10 @@ loss, 143 preempted (SIGTERM, checkpoint saved).
 """
 
 import argparse
-import os
 import difflib
 import inspect
 import logging
+import os
 import sys
 from pathlib import Path
 

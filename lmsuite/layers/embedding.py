@@ -1,5 +1,7 @@
 """Token (and any other lookup-table) embeddings, with `attend` for tied output projections."""
 
+import math
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -33,4 +35,7 @@ class Embed(nn.Module):
     def attend(self, x_BLE):
         """Scores every row against `x`: the tied output projection (…, E) -> (…, V)."""
         table_VE = jnp.asarray(self.embedding, self.dtype)
-        return jnp.einsum("...E,VE->...V", jnp.asarray(x_BLE, self.dtype), table_VE)
+        # As one rank-2 matmul over N = all leading positions: XLA:CPU's fast path (model_step.py).
+        lead = x_BLE.shape[:-1]
+        x_NE = jnp.asarray(x_BLE, self.dtype).reshape(math.prod(lead), x_BLE.shape[-1])
+        return jnp.einsum("NE,VE->NV", x_NE, table_VE).reshape(*lead, table_VE.shape[0])

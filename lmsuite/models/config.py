@@ -177,7 +177,8 @@ class ModelConfig:
             raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
         if not 0 <= self.position_offset < self.max_length:
             raise ValueError(
-                f"position_offset={self.position_offset} must lie in [0, max_length={self.max_length})"
+                f"position_offset={self.position_offset} must lie in "
+                f"[0, max_length={self.max_length})"
             )
         unknown = [h for h in self.heads if h not in HEADS]
         if unknown:

@@ -4,7 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from lmsuite import partitioning as P
-from lmsuite.layers.dense import DenseGeneral, default_kernel_init
+from lmsuite.layers.dense import DenseGeneral, add_bias, default_kernel_init
 from lmsuite.layers.mlp import activation_fn
 from lmsuite.layers.norm import make_norm
 from lmsuite.models.config import ModelConfig
@@ -71,7 +71,7 @@ class VocabHead(nn.Module):
                 nn.with_logical_partitioning(nn.initializers.zeros_init(), (P.VOCAB,)),
                 (cfg.vocab_size,),
             )
-            logits = logits + jnp.asarray(bias_V, dtype).reshape((1,) * (logits.ndim - 1) + (-1,))
+            logits = add_bias(logits, jnp.asarray(bias_V, dtype))
         return logits
 
 

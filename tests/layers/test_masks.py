@@ -10,17 +10,13 @@ from lmsuite.layers.attention import masked_softmax
 
 def test_prefix_lm_mask_exact():
     m = masks.prefix_lm_mask(jnp.array([[1, 1, 0, 0]]))[0, 0].astype(int)
-    np.testing.assert_array_equal(
-        m, [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
-    )
+    np.testing.assert_array_equal(m, [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
 
 
 def test_segment_mask_isolates_and_drops_padding():
     seg = jnp.array([[1, 1, 2, 0]])
     m = masks.segment_mask(seg, seg)[0, 0].astype(int)
-    np.testing.assert_array_equal(
-        m, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
-    )
+    np.testing.assert_array_equal(m, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
 
 
 def test_combine_ands_and_skips_none():

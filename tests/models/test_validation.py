@@ -37,7 +37,9 @@ def test_bad_inputs_are_named():
     ids = jnp.ones((2, 5), jnp.int32)
     model, variables = _init(cfg, ids)
     apply = lambda x, **kw: model.apply(variables, x, **kw)
-    with pytest.raises(ValueError, match="input_ids must be \\(batch, length\\), got shape \\(5,\\)"):
+    with pytest.raises(
+        ValueError, match="input_ids must be \\(batch, length\\), got shape \\(5,\\)"
+    ):
         apply(ids[0])
     with pytest.raises(ValueError, match="input_ids must hold integers"):
         apply(ids.astype(jnp.float32))
