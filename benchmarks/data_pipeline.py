@@ -5,9 +5,13 @@ Each side runs in its own process: lmsuite in this interpreter's venv, t5 in the
 alternate, round after round; each warms up before it is timed. Both read the same documents
 (600 random token ids each, a fixed seed) and produce T5's span-corruption examples for inputs
 length 512 / targets length 114 (568 raw tokens per chunk). Afterwards the lmsuite process also
-times each of the other seq2seq/LM-family preprocessors.
+times each of the other seq2seq/LM-family preprocessors, and then every objective's full pipeline:
+`seqio.get_dataset` of each `wiki_sample_{objective}` task (and `peoples_daily_ernie`) at length
+128, end to end (corpus source, tokenization, preprocessing, the feature converter training uses),
+on one iterator after a warm-up, capped at `--objective_rows` rows per objective.
 
     .venv/bin/python benchmarks/data_pipeline.py --peer_python=.venv-peers/bin/python
+    .venv/bin/python benchmarks/data_pipeline.py --full_only   # that table alone
 
 The pipeline is drained inside tf.data (`take(n).reduce`), so Python iteration does not cap the
 rate. Rates are medians over rounds.
@@ -127,9 +131,110 @@ def _lmsuite_pipelines():
     }
 
 
+def _full_pipelines():
+    """label -> (task, task feature lengths, feature converter, token features), length 128.
+
+    Converters are those training uses (gin/objectives): EncoderMlm for encoder objectives
+    (with the sentence label or SBO features), SeqIO's packed EncDec / LM / PrefixLM converters
+    for seq2seq and decoder objectives, and the permutation-LM converter for XLNet.
+    """
+    sys.path.insert(0, REPO)
+    import seqio
+
+    from lmsuite.data import feature_converters as fc
+    from lmsuite.data import tasks
+    from lmsuite.data.preprocessors import mlm as mlm_lib
+    from lmsuite.data.preprocessors import spanbert
+
+    del tasks  # imported to register the tasks
+    mlm = {"input_ids": 128, "masked_ids": mlm_lib.electra_max_predictions(128, mask_prob=0.15)}
+    encoder = ("input_ids",)
+    enc_dec = ("encoder_input_tokens", "decoder_target_tokens")
+    decoder = ("decoder_target_tokens",)
+    seq2seq = {"inputs": 128, "targets": 128}
+
+    def mlm_task(**kwargs):
+        return mlm, fc.EncoderMlmFeatureConverter(**kwargs), encoder
+
+    table = {
+        "bert_mlm": mlm_task(),
+        "bert_mlm_nsp": mlm_task(labels=("next_sentence_label",)),
+        "wwm": mlm_task(),
+        "albert_sop": mlm_task(labels=("sentence_order_label",)),
+        "spanbert": mlm_task(span_features=spanbert.SBO_KEYS),
+        "structbert": mlm_task(labels=("sentence_relation_label",)),
+        # T5's helper: inputs 128 -> exactly 29 targets (with EOS) per full chunk.
+        "t5_span_corruption": (
+            {"inputs": 128, "targets": 29},
+            seqio.EncDecFeatureConverter(pack=True),
+            enc_dec,
+        ),
+        "iid_denoising": (seq2seq, seqio.EncDecFeatureConverter(pack=True), enc_dec),
+        "prefix_lm": (seq2seq, seqio.PrefixLMFeatureConverter(pack=True), decoder),
+        "causal_lm": ({"targets": 128}, seqio.LMFeatureConverter(pack=True), decoder),
+        "bart_denoising": (seq2seq, seqio.EncDecFeatureConverter(pack=True), enc_dec),
+        "mass": (seq2seq, seqio.EncDecFeatureConverter(pack=True), enc_dec),
+        "unilm": mlm_task(labels=("unilm_mode", "source_length")),
+        # XLNet predicts round((L - 3) / K) tokens, K = 6: 21 for L = 128.
+        "xlnet_plm": (
+            {"input_k": 128, "target": round((128 - 3) / 6)},
+            fc.PermutationLmFeatureConverter(),
+            ("input_k",),
+        ),
+        "electra": mlm_task(),
+    }
+    out = {f"wiki_sample_{name}": (f"wiki_sample_{name}", *spec) for name, spec in table.items()}
+    out["peoples_daily_ernie"] = ("peoples_daily_ernie", *mlm_task())
+    # The packed MLM converter (not yet the training default), for its cost and its gain.
+    for name in ("wiki_sample_bert_mlm", "peoples_daily_ernie"):
+        out[f"{name} (packed)"] = (name, *mlm_task(pack=True))
+    return out
+
+
+def _time_full(task, lengths, converter, token_keys, *, rows: int, warmup: int) -> list[float]:
+    """[rows/s, examples/s, tokens/s, CPU microseconds per row] of one task's full pipeline.
+
+    Rows are what the converter emits; a packed row holds several examples (its largest
+    segment id). Tokens are the non-padding entries of `token_keys`.
+    """
+    import seqio
+    import tensorflow as tf
+
+    ds = seqio.get_dataset(
+        task,
+        task_feature_lengths=lengths,
+        feature_converter=converter,
+        dataset_split="train",
+        shuffle=False,
+        num_epochs=None,
+        seed=0,
+        verbose=False,
+    )
+    segments = [k for k in ds.element_spec if k.endswith("_segment_ids")]
+
+    def stats(ex):
+        tokens = sum(tf.reduce_sum(tf.cast(ex[k] != 0, tf.int64)) for k in token_keys)
+        examples = tf.reduce_max(tf.cast(ex[segments[0]], tf.int64)) if segments else 1
+        return tf.stack([tf.constant(1, tf.int64), tf.cast(examples, tf.int64), tokens])
+
+    batch = 32
+    batches = iter(ds.map(stats).batch(batch))
+    for _ in range(max(1, warmup // batch)):
+        next(batches)
+    start, cpu = time.perf_counter(), time.process_time()
+    total = sum(next(batches).numpy().sum(axis=0) for _ in range(max(1, rows // batch)))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return [total[0] / wall, total[1] / wall, total[2] / wall, 1e6 * cpu / total[0]]
+
+
 def worker(side: str, *, num_examples: int, warmup: int) -> dict[str, list[float]]:
     import seqio
 
+    if side == "objectives_full":
+        return {
+            label: _time_full(*spec, rows=num_examples, warmup=warmup)
+            for label, spec in _full_pipelines().items()
+        }
     if side == "t5":
         builders = {"span_corruption": _t5_pipeline}
     elif side == "lmsuite":
@@ -158,10 +263,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num_examples", type=int, default=4000)
     parser.add_argument("--warmup", type=int, default=500)
-    parser.add_argument("--worker", choices=["lmsuite", "t5", "objectives"])
+    parser.add_argument("--objective_rows", type=int, default=1024)
+    parser.add_argument("--objective_warmup", type=int, default=64)
+    parser.add_argument("--full_only", action="store_true", help="only the full-pipeline table")
+    parser.add_argument("--worker", choices=["lmsuite", "t5", "objectives", "objectives_full"])
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, num_examples=args.num_examples, warmup=args.warmup)))
+        return
+    if args.full_only:
+        _print_full(args)
         return
     if not os.path.exists(args.peer_python):
         raise ValueError(f"--peer_python={args.peer_python} does not exist; run `make bench`")
@@ -185,6 +296,22 @@ def main() -> None:
     print("lmsuite objectives (one run each):")
     for name, (rate, cpu) in _run_worker(sys.executable, "objectives", args).items():
         print(f"  {name:26s} {rate:9.1f} examples/s  {cpu:6.0f} us CPU/example")
+    _print_full(args)
+
+
+def _print_full(args) -> None:
+    full = argparse.Namespace(num_examples=args.objective_rows, warmup=args.objective_warmup)
+    print(
+        f"examples/s of every objective's full pipeline (source -> converter, length 128, "
+        f"{args.objective_rows} rows after {args.objective_warmup} warm-up, one run each):"
+    )
+    print(
+        f"  {'task':36s} {'rows/s':>9s} {'examples/s':>11s} {'tokens/s':>10s} {'us CPU/row':>11s}"
+    )
+    for name, (rows, examples, tokens, cpu) in _run_worker(
+        sys.executable, "objectives_full", full
+    ).items():
+        print(f"  {name:36s} {rows:9.1f} {examples:11.1f} {tokens:10.0f} {cpu:11.0f}")
 
 
 if __name__ == "__main__":

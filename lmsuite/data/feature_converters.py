@@ -2,8 +2,11 @@
 
 Seq2seq and decoder tasks use SeqIO's own converters (`EncDecFeatureConverter`,
 `LMFeatureConverter`, `PrefixLMFeatureConverter`, packing with segment ids and positions
-included). The converters here do not pack: masked positions, labels and permutation masks all
-index one sequence, and BERT-style chunks are already full.
+included). `EncoderMlmFeatureConverter(pack=True)` packs MLM examples (BERT, WWM, SpanBERT,
+ELECTRA, ERNIE) with SeqIO's packer; it pays where examples are short (document tails, ERNIE
+passages), not on corpora whose chunks already fill L. Examples with a sentence-level label (NSP,
+SOP, StructBERT, UniLM's mode) do not pack (one label per row), nor do classification examples
+or XLNet's permutation masks (they index one sequence).
 
 EncoderMlmFeatureConverter, task lengths {"input_ids": L, "masked_ids": P}:
   input_ids, token_type_ids, input_mask   int32 [L]  (input_mask = 1 on real tokens)
@@ -22,6 +25,20 @@ Example (EncoderMlm, L=6, P=2, labels=("next_sentence_label",)):
    "masked_weights": [1., 0.], "next_sentence_label": 1}
   -> input_ids [2, 4, 9, 3, 0, 0], token_type_ids [0]*6, input_mask [1, 1, 1, 1, 0, 0],
      masked_positions [1, 0], masked_ids [7, 0], masked_weights [1., 0.], next_sentence_label 1
+
+Packed (EncoderMlm, pack=True, L=8, P=3) adds segment_ids and position_ids int32 [L]; the
+predictions of the packed examples are concatenated (padding predictions, weight 0, dropped) and
+masked_positions (and span features named `*_positions`) shifted to index the packed row:
+  {"input_ids": [2, 4, 3], "masked_positions": [1, 0], "masked_ids": [7, 0],
+   "masked_weights": [1., 0.]},
+  {"input_ids": [2, 5, 6, 3], "masked_positions": [2, 1], "masked_ids": [8, 9],
+   "masked_weights": [1., 1.]}
+  -> input_ids [2, 4, 3, 2, 5, 6, 3, 0], segment_ids [1, 1, 1, 2, 2, 2, 2, 0],
+     position_ids [0, 1, 2, 0, 1, 2, 3, 0], input_mask [1]*7 + [0], token_type_ids [0]*8,
+     masked_positions [1, 5, 4], masked_ids [7, 8, 9], masked_weights [1., 1., 1.]
+An example joins a row only if its tokens fit in L and its predictions in P (SeqIO's greedy
+packer), so no prediction is ever dropped; an example with more than L tokens or P predictions
+fails with an InvalidArgumentError naming the limit.
 """
 
 from collections.abc import Mapping, Sequence
@@ -52,7 +69,7 @@ def _sequence_features(ex: Mapping[str, tf.Tensor], length: int) -> dict[str, tf
 
 
 class EncoderMlmFeatureConverter(seqio.FeatureConverter):
-    """Pads encoder MLM examples (see module docstring); `pack` must be False."""
+    """Pads, or with `pack=True` packs, encoder MLM examples (see the module docstring)."""
 
     TASK_FEATURES = {"input_ids": _Spec(dtype=tf.int32), "masked_ids": _Spec(dtype=tf.int32)}
     MODEL_FEATURES = {
@@ -63,7 +80,8 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         "masked_ids": _Spec(dtype=tf.int32),
         "masked_weights": _Spec(dtype=tf.float32),
     }
-    PACKING_FEATURE_DTYPES = None
+    # Added to the model features by SeqIO when pack=True.
+    PACKING_FEATURE_DTYPES = {"segment_ids": tf.int32, "position_ids": tf.int32}
 
     def __init__(
         self,
@@ -73,8 +91,12 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         pack: bool = False,
         **kwargs,
     ):
-        _no_packing(type(self).__name__, pack)
-        super().__init__(pack=False, **kwargs)
+        if pack and labels:
+            raise ValueError(
+                f"{type(self).__name__} cannot pack examples with sentence-level labels "
+                f"{tuple(labels)} (one label per row); got pack=True"
+            )
+        super().__init__(pack=pack, **kwargs)
         self._labels, self._span_features = tuple(labels), tuple(span_features)
         self.MODEL_FEATURES = {
             **type(self).MODEL_FEATURES,
@@ -84,6 +106,10 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
 
     def _convert_features(self, ds, task_feature_lengths):
         length, predictions = task_feature_lengths["input_ids"], task_feature_lengths["masked_ids"]
+        if self.pack:
+            return _pack_mlm(
+                ds, length=length, predictions=predictions, span_features=self._span_features
+            )
 
         def convert(ex):
             out = _sequence_features(ex, length)
@@ -101,10 +127,85 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
     def get_model_feature_lengths(self, task_feature_lengths):
         length, predictions = task_feature_lengths["input_ids"], task_feature_lengths["masked_ids"]
         lengths = {k: length for k in ("input_ids", "token_type_ids", "input_mask")}
+        if self.pack:
+            lengths.update({k: length for k in self.PACKING_FEATURE_DTYPES})
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights", *self._span_features)
         lengths.update({k: predictions for k in prediction_keys})
         lengths.update({k: 1 for k in self._labels})  # rank 0: SeqIO skips their length check
         return lengths
+
+
+def _pack_mlm(ds, *, length: int, predictions: int, span_features: Sequence[str]):
+    """Packs MLM examples with `seqio.utils.trim_and_pack_dataset` (see the module docstring).
+
+    SeqIO's packer measures each feature by its count of non-zero entries, appends an example
+    only where every feature still fits, and names its outputs `{key}_segment_ids` /
+    `{key}_positions`. So before packing: integers are stored + 1 (zero ids, token types and
+    offsets are real values), weights are bitcast to int32 (exact; zero weights are dropped
+    first), and keys avoid those suffixes. Each example also carries a tag, its index mod L + 1,
+    on its tokens and its predictions: unique among the <= L examples of a row, it finds each
+    prediction's example even when an earlier example of the row has no predictions.
+    """
+    span_keys = {name: f"p_span{i}" for i, name in enumerate(span_features)}
+
+    def prepare(index, ex):
+        ids = tf.cast(ex["input_ids"], tf.int32)
+        keep = tf.not_equal(tf.cast(ex["masked_weights"], tf.float32), 0.0)
+        picked = lambda x: tf.boolean_mask(tf.cast(x, tf.int32), keep)
+        num_tokens, num_predictions = tf.size(ids), tf.reduce_sum(tf.cast(keep, tf.int32))
+        checks = [
+            tf.debugging.assert_less_equal(
+                num_tokens, length, message=f"an MLM example has more than L={length} tokens"
+            ),
+            tf.debugging.assert_less_equal(
+                num_predictions,
+                predictions,
+                message=f"an MLM example has more than P={predictions} weighted predictions",
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            tag = tf.cast(index % length, tf.int32) + 1
+        weights = tf.boolean_mask(tf.cast(ex["masked_weights"], tf.float32), keep)
+        out = {
+            "t_ids": ids + 1,
+            "t_types": tf.cast(ex.get("token_type_ids", tf.zeros_like(ids)), tf.int32) + 1,
+            "t_tags": tf.fill([num_tokens], tag),
+            "p_pos": picked(ex["masked_positions"]) + 1,
+            "p_ids": picked(ex["masked_ids"]) + 1,
+            "p_wts": tf.bitcast(weights, tf.int32),
+            "p_tags": tf.fill([num_predictions], tag),
+        }
+        out.update({key: picked(ex[name]) + 1 for name, key in span_keys.items()})
+        return out
+
+    def finish(ex):
+        segment_ids = ex["t_ids_segment_ids"]
+        real, real_p = segment_ids > 0, ex["p_tags"] > 0
+        # Start of each prediction's example in the row: its tag's first token.
+        same = tf.equal(ex["p_tags"][:, None], ex["t_tags"][None, :])
+        start = tf.argmax(tf.cast(same, tf.int32), axis=1, output_type=tf.int32)
+        unshift = lambda x, mask: tf.where(mask, x - 1, 0)
+        out = {
+            "input_ids": unshift(ex["t_ids"], real),
+            "token_type_ids": unshift(ex["t_types"], real),
+            "input_mask": tf.cast(real, tf.int32),
+            "segment_ids": segment_ids,
+            "position_ids": tf.where(real, ex["t_ids_positions"], 0),
+            "masked_positions": unshift(ex["p_pos"] + start, real_p),
+            "masked_ids": unshift(ex["p_ids"], real_p),
+            "masked_weights": tf.where(real_p, tf.bitcast(ex["p_wts"], tf.float32), 0.0),
+        }
+        for name, key in span_keys.items():
+            shift = start if name.endswith("_positions") else 0
+            out[name] = unshift(ex[key] + shift, real_p)
+        return out
+
+    ds = ds.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    lengths = {k: length for k in ("t_ids", "t_types", "t_tags")}
+    lengths.update({k: predictions for k in ("p_pos", "p_ids", "p_wts", "p_tags")})
+    lengths.update({key: predictions for key in span_keys.values()})
+    ds = seqio.utils.trim_and_pack_dataset(ds, lengths)
+    return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 class ClassificationFeatureConverter(seqio.FeatureConverter):

@@ -22,16 +22,19 @@ def mlm(
     targets: str = "encoder_target_tokens",
     weights: str = "encoder_loss_weights",
     token_type_ids: str = "token_type_ids",
-    segment_ids: str = "encoder_segment_ids",
-    positions: str = "encoder_positions",
+    segment_ids: str = "segment_ids",
+    positions: str = "position_ids",
     sentence_label: str | None = None,
     pad_id: int = 0,
 ) -> Objective:
     """The MLM objective over `lmsuite.data.feature_converters.EncoderMlmFeatureConverter`
     features: (B, L) `input_ids`, `token_type_ids`, `input_mask` and BERT's gathered predictions,
     (B, P) `masked_positions`, `masked_ids`, `masked_weights`, so logits are computed at the P
-    positions only. Without `masked_positions` in the batch it reads SeqIO
-    `EncoderFeatureConverter`'s dense (B, L) targets and loss weights instead.
+    positions only; packed rows (`EncoderMlmFeatureConverter(pack=True)`) add (B, L)
+    `segment_ids` and `position_ids`, forwarded to the model. Without `masked_positions` in the
+    batch it reads SeqIO `EncoderFeatureConverter`'s dense (B, L) targets and loss weights
+    instead (pass `segment_ids="encoder_segment_ids", positions="encoder_positions"` for its
+    packed features).
 
     With `sentence_label` set (e.g. "next_sentence_label") a `sentence` term is added: the
     classifier head's cross-entropy against that (B,) or (B, 1) label, weight 1 per example.

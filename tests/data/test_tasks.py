@@ -157,7 +157,7 @@ def test_encoder_mlm_feature_converter():
     assert out["input_mask"].numpy().tolist() == [1, 1, 1, 1, 0, 0]
     assert int(out["next_sentence_label"]) == 1
     with pytest.raises(ValueError, match="pack=True"):
-        feature_converters.EncoderMlmFeatureConverter(pack=True)
+        feature_converters.EncoderMlmFeatureConverter(labels=("next_sentence_label",), pack=True)
 
 
 def test_classification_and_permutation_converters(tiny_vocab):
