@@ -74,6 +74,15 @@ def require(hf_config, option: str, allowed, family: str):
         )
 
 
+def require_fields(config, expected: dict, hf_class: str):
+    """Raises unless each ModelConfig field has the value the HF class can express."""
+    for field, value in expected.items():
+        if getattr(config, field) != value:
+            raise ValueError(
+                f"{hf_class} needs ModelConfig.{field}={value!r}, got {getattr(config, field)!r}"
+            )
+
+
 # ---------------------------------------------------------------- torch Linear <-> kernels
 def linear_in(weight_OI: np.ndarray) -> np.ndarray:
     """torch Linear weight (out, in) -> kernel (in, out)."""

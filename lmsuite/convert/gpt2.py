@@ -73,12 +73,7 @@ def _check_exportable(config: ModelConfig):
         embedding_dim=None,
         head_dim=None,
     )
-    for field, value in expected.items():
-        if getattr(config, field) != value:
-            raise ValueError(
-                f"GPT2LMHeadModel needs ModelConfig.{field}={value!r}, "
-                f"got {getattr(config, field)!r}"
-            )
+    common.require_fields(config, expected, "GPT2LMHeadModel")
 
 
 def config_to_hf(config: ModelConfig, hf_class: str):

@@ -102,12 +102,7 @@ def _check_exportable(config: ModelConfig):
         output_bias=False,
         embedding_dim=None,
     )
-    for field, value in expected.items():
-        if getattr(config, field) != value:
-            raise ValueError(
-                f"T5ForConditionalGeneration needs ModelConfig.{field}={value!r}, "
-                f"got {getattr(config, field)!r}"
-            )
+    common.require_fields(config, expected, "T5ForConditionalGeneration")
     if config.activation not in _TO_FEED_FORWARD:
         raise ValueError(
             f"activation {config.activation!r} has no T5 feed_forward_proj; "

@@ -103,8 +103,3 @@ class DenseGeneral(nn.Module):
             )
             y = add_bias(y, jnp.asarray(bias, self.dtype))
         return y
-
-
-def dense(features: int, in_name: str, out_name: str, **kwargs) -> DenseGeneral:
-    """A plain (…, in) -> (…, features) projection."""
-    return DenseGeneral(features=(features,), in_names=(in_name,), out_names=(out_name,), **kwargs)
