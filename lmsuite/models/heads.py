@@ -51,6 +51,11 @@ class VocabHead(nn.Module):
             )(x)
             x = activation_fn(cfg.mlm_activation)(x)
             x = make_norm(cfg.norm_type, eps=cfg.norm_eps, dtype=dtype, name="transform_norm")(x)
+            # An embedding-space activation, constrained like the block outputs. Left to
+            # propagation, the backward pass of the vocabulary projection came out of XLA's SPMD
+            # partitioner (jax 0.10.2) O(1) wrong on (data, fsdp, tensor) meshes; the canary in
+            # tests/training/test_mesh_gradients.py says when that is fixed.
+            x = nn.with_logical_constraint(x, (P.BATCH, P.LENGTH, P.EMBED))
         if cfg.tie_embeddings:
             if cfg.scale_tied_output:
                 x = x * jnp.asarray(cfg.d_model**-0.5, dtype)
