@@ -9,10 +9,11 @@ The data position is the number of global batches consumed; a resumed run skips 
 many, so it sees the batches it would have seen.
 """
 
+import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import jax
 import numpy as np
@@ -87,8 +88,20 @@ def to_global(
     return out
 
 
+def default_input_nice() -> int:
+    """19 when the step itself runs on the host's cores (the CPU backend), else 0."""
+    return 19 if jax.default_backend() == "cpu" else 0
+
+
 class Prefetcher:
     """Iterates global batches prepared by a background thread.
+
+    `local_batches` is a tf.data.Dataset (iterated with `as_numpy_iterator()` created inside the
+    thread) or any iterable of numpy dicts. With `nice` > 0 the thread lowers its scheduling
+    priority before it creates the iterator, so tf.data's own threads, which inherit it, run in
+    the gaps of XLA's threads instead of preempting them. On a CPU-only host this is what keeps
+    the input pipeline from slowing the step (`benchmarks/train_loop.py`); the batches and their
+    order do not change.
 
     `wait_seconds` accumulates how long `next()` blocked: the time the device would have idled.
     An exception in the thread is re-raised by `next()`.
@@ -98,21 +111,30 @@ class Prefetcher:
 
     def __init__(
         self,
-        local_batches: Iterator[Mapping[str, np.ndarray]],
+        local_batches: tf.data.Dataset | Iterable[Mapping[str, np.ndarray]],
         shardings: Mapping[str, NamedSharding],
         *,
         size: int = 2,
+        nice: int = 0,
     ):
+        if not 0 <= nice <= 19:
+            raise ValueError(f"input nice value must be in [0, 19], got {nice}")
         self._queue: queue.Queue = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self.wait_seconds = 0.0
         self._thread = threading.Thread(
-            target=self._fill, args=(local_batches, shardings), daemon=True, name="prefetch"
+            target=self._fill, args=(local_batches, shardings, nice), daemon=True, name="prefetch"
         )
         self._thread.start()
 
-    def _fill(self, local_batches, shardings):
+    def _fill(self, local_batches, shardings, nice):
         try:
+            if nice:
+                # Linux schedules threads individually: this lowers only this thread and the
+                # threads it starts from now on.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            if isinstance(local_batches, tf.data.Dataset):
+                local_batches = local_batches.as_numpy_iterator()
             for local in local_batches:
                 item = to_global(local, shardings)
                 while not self._stop.is_set():

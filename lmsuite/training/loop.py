@@ -60,6 +60,7 @@ def train(
     progress_bar: bool = True,
     peak_flops_per_device: float | None = None,
     input_threads: int | None = None,
+    input_nice: int | None = None,
 ) -> dict[str, float]:
     """Trains `model_config` on `task` until `train_steps`, resuming from `model_dir` if it
     holds checkpoints. Returns the last evaluation's metrics (empty if none ran).
@@ -121,7 +122,11 @@ def train(
         skip_batches=batches_consumed,
         input_threads=input_threads,
     )
-    batches = input_pipeline.Prefetcher(train_data.as_numpy_iterator(), batch_sharding)
+    batches = input_pipeline.Prefetcher(
+        train_data,
+        batch_sharding,
+        nice=input_pipeline.default_input_nice() if input_nice is None else input_nice,
+    )
 
     # ------------------------------------------------------------------------------ step
     train_step = step.jit_train_step(

@@ -1,6 +1,8 @@
 """Per-process SeqIO input: sharding, exact skip on resume, global arrays, prefetch."""
 
+import os
 import threading
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -89,6 +91,48 @@ def test_prefetcher_reraises_errors_from_its_thread():
         next(prefetcher)
     prefetcher.close()
     assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def _nice_of_threads() -> dict[int, int]:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = int(stat[stat.rindex(")") + 2 :].split()[16])
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_niced_prefetcher_runs_tf_data_below_the_step_and_keeps_the_batches():
+    mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+    first = next(_dataset().as_numpy_iterator())
+    shardings = step.batch_shardings(
+        {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in first.items()},
+        mesh,
+        rules=partitioning.DEFAULT_RULES,
+    )
+    before = set(_nice_of_threads())
+    plain = input_pipeline.Prefetcher(_dataset().take(4), shardings)
+    expected = [jax.device_get(b) for b in plain]
+    plain.close()
+    niced = input_pipeline.Prefetcher(_dataset().take(4), shardings, nice=19)
+    got = [jax.device_get(next(niced))]
+    # The prefetch thread and every thread tf.data started for it run at nice 19; the caller
+    # (which dispatches the step) keeps its priority.
+    started = {tid: nice for tid, nice in _nice_of_threads().items() if tid not in before}
+    assert niced._thread.native_id in started
+    assert set(started.values()) == {19}, started
+    assert _nice_of_threads()[threading.get_native_id()] == 0
+    got += [jax.device_get(b) for b in niced]
+    niced.close()
+    assert len(got) == len(expected) == 4
+    for a, b in zip(got, expected, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    with pytest.raises(ValueError, match="nice value must be in \\[0, 19\\], got -5"):
+        input_pipeline.Prefetcher([], shardings, nice=-5)
 
 
 def test_missing_feature_is_named():
