@@ -1,7 +1,7 @@
 """Tokens/s of the full training loop against the bare jitted step, same config.
 
   python benchmarks/train_loop.py [--gin_file=experiments/default.gin] [--steps=100]
-      [--trials=3] [--gin.KEY=VALUE ...]
+      [--trials=5] [--gin.KEY=VALUE ...]
 
 The loop includes the SeqIO input and prefetch thread, metrics.jsonl/TensorBoard writes, the
 progress bar and asynchronous checkpoints (every steps/2). The bare step reruns one device-resident
@@ -101,7 +101,7 @@ def loop_tokens_per_sec(kwargs: dict, steps: int) -> float:
 def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--gin_file", default="experiments/default.gin")
     known, rest = parser.parse_known_args(argv)
     if known.steps < 30 or known.trials < 1:

@@ -410,19 +410,31 @@ def run_train(args) -> dict:
 
 
 def run_pretrain(args) -> dict:
-    from lmsuite.training import metrics, report
+    from lmsuite.training import input_pipeline, metrics, report
 
     final = run_train(args)
+    kwargs = load_config(args)
+    held_out = input_pipeline.process_dataset(
+        task=kwargs["task"],
+        sequence_length=kwargs["sequence_length"],
+        feature_converter=kwargs["feature_converter"],
+        global_batch_size=kwargs["batch_size"],
+        split=kwargs.get("eval_split", "validation"),
+        shuffle=False,
+        repeat=False,
+    ).take(kwargs.get("eval_batches", 10))
+    baseline = report.majority_baseline(held_out.as_numpy_iterator())
     model_dir = Path(args.model_dir).absolute()
     png = model_dir / "loss_curve.png"
-    report.plot_loss_curve(metrics.read_jsonl(model_dir / "metrics.jsonl"), png)
+    report.plot_loss_curve(metrics.read_jsonl(model_dir / "metrics.jsonl"), png, baseline=baseline)
     print(f"checkpoints:   {model_dir / 'checkpoints'}")
     print(f"tensorboard:   tensorboard --logdir {model_dir / 'tensorboard'}")
     print(f"metrics:       {model_dir / 'metrics.jsonl'}")
     print(f"loss curve:    {png}")
     accuracy = final.get("eval/mlm_accuracy")
     if accuracy is not None:
-        print(f"held-out MLM accuracy: {accuracy:.4f}")
+        note = "" if baseline is None else f" (always the most frequent target: {baseline:.4f})"
+        print(f"held-out MLM accuracy: {accuracy:.4f}{note}")
     return final
 
 

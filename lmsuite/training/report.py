@@ -1,6 +1,6 @@
 """What a run reports about itself: model-info.txt, example inputs, FLOPs/MFU, loss curve."""
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,23 +88,69 @@ def write_model_info(path: Path, params: Any, logical_specs: Any, shardings: Any
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot_loss_curve(records: list[dict], png: Path) -> None:
-    """Training loss (and eval loss where logged) against step, saved as a PNG."""
+def majority_baseline(
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    targets: str = "masked_ids",
+    weights: str = "masked_weights",
+) -> float | None:
+    """Accuracy of always predicting the most frequent target of these batches.
+
+    No model that ignores its input does better on them, so a held-out MLM accuracy near this
+    value means the model has not learnt to use the context yet (BERT's unigram plateau).
+    None when the batches carry no such targets.
+
+    >>> majority_baseline([{"masked_ids": np.array([[5, 5, 7, 0]]),
+    ...                     "masked_weights": np.array([[1, 1, 1, 0]])}])
+    0.6666666666666666
+    """
+    counts: dict[int, float] = {}
+    for batch in batches:
+        if targets not in batch or weights not in batch:
+            return None
+        ids, w = np.asarray(batch[targets]).ravel(), np.asarray(batch[weights]).ravel()
+        for token, weight in zip(*np.unique(ids[w > 0], return_counts=True), strict=True):
+            counts[int(token)] = counts.get(int(token), 0.0) + float(weight)
+    total = sum(counts.values())
+    return max(counts.values()) / total if total else None
+
+
+def plot_loss_curve(records: list[dict], png: Path, *, baseline: float | None = None) -> None:
+    """Loss, and accuracy where logged, against step (train and eval), saved as a PNG.
+
+    `baseline` (e.g. `majority_baseline`) is drawn as a horizontal line on the accuracy panel.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), float)]
-    evals = [(r["step"], r["eval/loss"]) for r in records if "eval/loss" in r]
-    if train:
-        ax.plot(*zip(*train, strict=True), label="train loss")
-    if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="eval loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
+    def series(key):
+        return [(r["step"], r[key]) for r in records if isinstance(r.get(key), float)]
+
+    accuracy_keys = sorted(
+        {k for r in records for k in r if k.endswith("_accuracy") and not k.startswith("eval/")}
+    )
+    panels = 2 if accuracy_keys else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False)
+    loss_ax = axes[0][0]
+    for key, style, label in (("loss", "-", "train loss"), ("eval/loss", "o-", "eval loss")):
+        if points := series(key):
+            loss_ax.plot(*zip(*points, strict=True), style, label=label)
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("loss")
+    loss_ax.legend()
+    if accuracy_keys:
+        acc_ax = axes[0][1]
+        for key in accuracy_keys:
+            for name, style in ((key, "-"), (f"eval/{key}", "o-")):
+                if points := series(name):
+                    acc_ax.plot(*zip(*points, strict=True), style, label=name)
+        if baseline is not None:
+            acc_ax.axhline(baseline, color="gray", linestyle="--", label="most frequent target")
+        acc_ax.set_xlabel("step")
+        acc_ax.set_ylabel("accuracy")
+        acc_ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)

@@ -1,7 +1,10 @@
 """`lmsuite train` configuration errors: every problem listed at once, quickly, exit code 2."""
 
+import json
+import re
 import time
 
+import numpy as np
 import pytest
 
 from lmsuite import cli
@@ -96,3 +99,48 @@ def test_optimizer_run_files_compose_with_smoke(run_file, lr_at_5):
     )  # fmt: skip
     kwargs = cli.load_config(args)
     assert float(kwargs["learning_rate_fn"](5)) == pytest.approx(lr_at_5, rel=1e-6)
+
+
+def test_pretrain_prints_artifacts_and_accuracy_against_the_majority_baseline(capsys, tmp_path):
+    from lmsuite.training import input_pipeline, report
+
+    model_dir = tmp_path / "run"
+    code = cli.main(
+        [
+            "pretrain",
+            SMOKE,
+            f"--model_dir={model_dir}",
+            "--gin.TRAIN_STEPS=6",
+            "--gin.CHECKPOINT_EVERY=6",
+            "--gin.train.eval_every=6",
+            "--gin.train.eval_batches=3",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert (model_dir / "loss_curve.png").stat().st_size > 10_000
+    assert (model_dir / "checkpoints" / "6").is_dir()
+    line = next(x for x in out.splitlines() if x.startswith("held-out MLM accuracy"))
+    accuracy, baseline = (float(x) for x in re.findall(r"\d\.\d{4}", line))
+    eval_record = [
+        r for r in map(json.loads, (model_dir / "metrics.jsonl").open()) if "eval/loss" in r
+    ]
+    assert round(eval_record[-1]["eval/mlm_accuracy"], 4) == accuracy
+    # The baseline is recomputed independently from the same held-out batches.
+    kwargs = cli.load_config(cli.parse_args(["train", SMOKE, "--model_dir=/unused"]))
+    held_out = input_pipeline.process_dataset(
+        task=kwargs["task"],
+        sequence_length=kwargs["sequence_length"],
+        feature_converter=kwargs["feature_converter"],
+        global_batch_size=kwargs["batch_size"],
+        split="validation",
+        shuffle=False,
+        repeat=False,
+    ).take(3)
+    targets = np.concatenate(
+        [b["masked_ids"][b["masked_weights"] > 0] for b in held_out.as_numpy_iterator()]
+    )
+    expected = np.bincount(targets).max() / targets.size
+    assert 0.0 < expected < 0.5
+    assert baseline == round(expected, 4)
+    assert report.majority_baseline([{"input_ids": targets}]) is None
