@@ -234,8 +234,32 @@ def semantic_problems(kwargs: dict) -> list[str]:
     return problems
 
 
+def _guard_gin_package_lookup() -> None:
+    """Makes gin's Python-package config lookup answer "not found" instead of crashing.
+
+    gin-config 0.5.0 also looks `include 'runs/pretrain.gin'` up as package `runs`; a plain
+    directory of that name on sys.path (the working directory, e.g. `make pretrain`'s own
+    `runs/default` model dir) is a namespace package without an origin, and gin's check raises
+    TypeError instead of returning False. Reported by the second `make pretrain`.
+    """
+    readers = gin.config._FILE_READERS
+    for index, (reader, exists) in enumerate(readers):
+        if exists is os.path.isfile or getattr(exists, "_lmsuite_guarded", False):
+            continue
+
+        def guarded(path, _exists=exists):
+            try:
+                return _exists(path)
+            except TypeError:
+                return False
+
+        guarded._lmsuite_guarded = True
+        readers[index] = (reader, guarded)
+
+
 def _add_search_paths(paths: list[Path]) -> None:
     """Adds the gin search paths (after the working directory, which gin always tries first)."""
+    _guard_gin_package_lookup()
     for path in paths:
         if str(path) not in gin.config._LOCATION_PREFIXES:
             gin.add_config_file_search_path(str(path))
@@ -393,6 +417,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_train(args) -> dict:
+    return _train(args)[1]
+
+
+def _train(args) -> tuple[dict, dict]:
+    """(train's arguments, the last evaluation's metrics)."""
     import jax
 
     from lmsuite.training import loop
@@ -406,14 +435,13 @@ def run_train(args) -> dict:
     # Every configurable was called while the arguments were collected: this is the operative
     # config, as T5X writes it.
     (model_dir / "config.gin").write_text(gin.operative_config_str())
-    return loop.train(model_dir=str(model_dir), **kwargs)
+    return kwargs, loop.train(model_dir=str(model_dir), **kwargs)
 
 
 def run_pretrain(args) -> dict:
     from lmsuite.training import input_pipeline, metrics, report
 
-    final = run_train(args)
-    kwargs = load_config(args)
+    kwargs, final = _train(args)
     held_out = input_pipeline.process_dataset(
         task=kwargs["task"],
         sequence_length=kwargs["sequence_length"],

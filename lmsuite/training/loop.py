@@ -223,7 +223,9 @@ def train(
         for current in range(start_step, train_steps):
             batch = next(batches)
             if flops_per_step is None:
-                flops_per_step = report.train_flops(state.params, batch, objective)
+                flops_per_step = report.lowered_flops(
+                    train_step.lower(state, batch, dropout_rng)
+                ) or report.train_flops(state.params, batch, objective)
             state, metrics = train_step(state, batch, dropout_rng)
             done = current + 1
             # Read the previous step's metrics while this one runs, so the device never waits

@@ -1,10 +1,13 @@
 """What a run reports about itself: model-info.txt, example inputs, FLOPs/MFU, loss curve."""
 
+import functools
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import seqio
 
@@ -39,9 +42,40 @@ def num_params(params: Any) -> int:
 
 def train_flops(params: Any, batch: Mapping[str, Any], objective: Objective) -> float:
     """6 * parameters * input tokens per step: the usual dense-model estimate (it leaves out
-    attention scores, so MFU is slightly understated for long sequences)."""
+    attention scores, and counts embedding tables as if they were matmuls on every token, which
+    overstates small-model FLOPs). The loop prefers `lowered_flops`."""
     inputs = objective.model_inputs(batch)["input_ids"]
     return 6.0 * num_params(params) * float(np.prod(inputs.shape))
+
+
+def lowered_flops(lowered) -> float | None:
+    """FLOPs of one call of a lowered jit function, as XLA's cost analysis counts them (before
+    optimisation: forward, backward and optimizer update, attention included); None when the
+    backend gives no count."""
+    try:
+        cost = lowered.cost_analysis()
+    except Exception:  # not every backend implements it
+        return None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    flops = None if not cost else cost.get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
+@functools.cache
+def measured_cpu_peak_flops() -> float:
+    """The host's float32 matmul FLOP/s (best of 5 jit 1024^3 products), shared by every CPU
+    device: the ceiling CPU MFU is reported against, since CPUs publish no single peak."""
+    n = 1024
+    a = jnp.ones((n, n), jnp.float32)
+    matmul = jax.jit(lambda x, y: x @ y)
+    matmul(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
 
 
 # Dense bf16 peak FLOP/s per jax device, by `device_kind` (v3/v2 devices are single cores).
@@ -62,13 +96,18 @@ PEAK_FLOPS = {
 def mfu(
     *, flops_per_step: float, steps_per_sec: float, peak_flops_per_device: float | None
 ) -> float | None:
-    """Model FLOPs utilisation, or None when the device's peak is unknown (e.g. CPU).
+    """Model FLOPs utilisation, or None when the FLOPs or the device's peak are unknown.
 
-    `peak_flops_per_device=None` looks the device up in `PEAK_FLOPS`.
+    `peak_flops_per_device=None` looks the device up in `PEAK_FLOPS`; CPU devices divide
+    `measured_cpu_peak_flops()` among themselves.
     """
     if peak_flops_per_device is None:
-        peak_flops_per_device = PEAK_FLOPS.get(jax.devices()[0].device_kind)
-    if not peak_flops_per_device:
+        device = jax.devices()[0]
+        if device.platform == "cpu":
+            peak_flops_per_device = measured_cpu_peak_flops() / jax.local_device_count()
+        else:
+            peak_flops_per_device = PEAK_FLOPS.get(device.device_kind)
+    if not peak_flops_per_device or not flops_per_step:
         return None
     return flops_per_step * steps_per_sec / (peak_flops_per_device * jax.device_count())
 

@@ -126,6 +126,8 @@ def test_pretrain_prints_artifacts_and_accuracy_against_the_majority_baseline(ca
         r for r in map(json.loads, (model_dir / "metrics.jsonl").open()) if "eval/loss" in r
     ]
     assert round(eval_record[-1]["eval/mlm_accuracy"], 4) == accuracy
+    logged = [r for r in map(json.loads, (model_dir / "metrics.jsonl").open()) if "loss" in r]
+    assert all(0.0 < r["mfu"] < 1.0 for r in logged), logged
     # The baseline is recomputed independently from the same held-out batches.
     kwargs = cli.load_config(cli.parse_args(["train", SMOKE, "--model_dir=/unused"]))
     held_out = input_pipeline.process_dataset(
@@ -144,3 +146,20 @@ def test_pretrain_prints_artifacts_and_accuracy_against_the_majority_baseline(ca
     assert 0.0 < expected < 0.5
     assert baseline == round(expected, 4)
     assert report.majority_baseline([{"input_ids": targets}]) is None
+
+
+def test_config_loads_again_beside_a_directory_named_like_an_include(tmp_path, monkeypatch):
+    """`make pretrain` writes runs/default in the working directory; gin then took `runs` for
+    a Python package while resolving `include 'runs/pretrain.gin'` and crashed on the next
+    parse. Both parses must succeed and agree."""
+    import importlib
+
+    (tmp_path / "runs" / "default").mkdir(parents=True)
+    (tmp_path / "experiments").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    args = cli.parse_args(["train", SMOKE, "--model_dir=runs/default"])
+    first = cli.load_config(args)
+    second = cli.load_config(args)
+    assert first["train_steps"] == second["train_steps"] == 30

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from lmsuite import partitioning
-from lmsuite.training import metrics
+from lmsuite.training import metrics, report
 
 
 def test_truncate_drops_later_steps_and_a_torn_last_line(tmp_path):
@@ -51,3 +51,18 @@ def test_indivisible_dimensions_are_listed():
         partitioning.check_divisible(shapes, shardings, what="params")
     shapes = {"w": jax.ShapeDtypeStruct((8, 10), np.float32)}
     partitioning.check_divisible(shapes, shardings, what="params")
+
+
+def test_lowered_flops_counts_a_matmul_exactly():
+    lowered = jax.jit(lambda a, b: a @ b).lower(np.ones((64, 32)), np.ones((32, 16)))
+    assert report.lowered_flops(lowered) == 2 * 64 * 32 * 16
+
+
+def test_cpu_mfu_is_measured_against_the_hosts_matmul_peak():
+    peak = report.measured_cpu_peak_flops()
+    assert 1e8 < peak < 1e14
+    assert report.measured_cpu_peak_flops() == peak  # measured once per process
+    # Half the host's matmul peak, spread over however many CPU devices the host shows.
+    got = report.mfu(flops_per_step=peak / 2, steps_per_sec=1.0, peak_flops_per_device=None)
+    assert got == pytest.approx(0.5)
+    assert report.mfu(flops_per_step=None, steps_per_sec=1.0, peak_flops_per_device=1e12) is None
