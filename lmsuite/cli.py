@@ -430,7 +430,9 @@ def _train(args) -> tuple[dict, dict]:
         jax.distributed.initialize()
 
     kwargs = load_config(args)
-    model_dir = Path(args.model_dir)
+    from etils import epath
+
+    model_dir = epath.Path(args.model_dir)  # local or gs://
     model_dir.mkdir(parents=True, exist_ok=True)
     # Every configurable was called while the arguments were collected: this is the operative
     # config, as T5X writes it.
@@ -452,7 +454,9 @@ def run_pretrain(args) -> dict:
         repeat=False,
     ).take(kwargs.get("eval_batches", 10))
     baseline = report.majority_baseline(held_out.as_numpy_iterator())
-    model_dir = Path(args.model_dir).absolute()
+    from lmsuite.training.checkpointing import absolute
+
+    model_dir = absolute(args.model_dir)
     png = model_dir / "loss_curve.png"
     report.plot_loss_curve(metrics.read_jsonl(model_dir / "metrics.jsonl"), png, baseline=baseline)
     print(f"checkpoints:   {model_dir / 'checkpoints'}")

@@ -12,15 +12,14 @@ a killed save are removed when the manager starts.
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 MANIFEST = "COMMITTED"
 TMP_MARKER = ".orbax-checkpoint-tmp-"  # Orbax writes a step here, then renames it
@@ -33,16 +32,31 @@ class DamagedCheckpointError(ValueError):
     """A checkpoint step that must not be loaded; the message names the step and the damage."""
 
 
-def _files(step_dir: Path) -> dict[str, int]:
-    return {
-        str(p.relative_to(step_dir)): p.stat().st_size
-        for p in sorted(step_dir.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+def absolute(path: str | epath.PathLike) -> epath.Path:
+    """A local path made absolute; a gs:// (or other URI) path as it is.
+
+    epath's own `absolute()` would turn gs://bucket/run into $PWD/gs:/bucket/run.
+    """
+    path = epath.Path(path)
+    return path if "://" in str(path) else path.absolute()
 
 
-def verify(step_dir: Path) -> None:
+def _files(step_dir: epath.Path) -> dict[str, int]:
+    """Every file under `step_dir` (but the manifest) -> its size in bytes."""
+    found = {}
+    pending = [step_dir]
+    while pending:  # epath has no rglob (on GCS it would be one listing per directory anyway)
+        for path in pending.pop().iterdir():
+            if path.is_dir():
+                pending.append(path)
+            elif path.name != MANIFEST:
+                found[str(path.relative_to(step_dir))] = path.stat().length
+    return dict(sorted(found.items()))
+
+
+def verify(step_dir: str | epath.PathLike) -> None:
     """Raises DamagedCheckpointError unless `step_dir` is committed and complete."""
+    step_dir = epath.Path(step_dir)
     manifest = step_dir / MANIFEST
     if not manifest.exists():
         raise DamagedCheckpointError(
@@ -74,16 +88,18 @@ class Checkpointer:
       async_save: write in a background thread while training continues.
     """
 
-    def __init__(self, *, directory: str | Path, keep: int | None = 3, async_save: bool = True):
+    def __init__(
+        self, *, directory: str | epath.PathLike, keep: int | None = 3, async_save: bool = True
+    ):
         if keep is not None and keep < 2:
             raise ValueError(f"keep must be >= 2 so that a damaged step has a fallback, got {keep}")
-        self.directory = Path(directory).absolute()
+        self.directory = absolute(directory)  # local or gs://
         self._pending: list[int] = []
         if jax.process_index() == 0 and self.directory.exists():
             # Orbax also cleans these, but in a background future; do it before anything reads.
             for leftover in self.directory.glob(f"*{TMP_MARKER}*"):
                 print(f"lmsuite: removing unfinished checkpoint {leftover}", file=sys.stderr)
-                shutil.rmtree(leftover)
+                leftover.rmtree()
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -163,7 +179,7 @@ class Checkpointer:
             damaged = self.directory.parent / (self.directory.name + ".damaged")
             damaged.mkdir(exist_ok=True)
             target = damaged / f"{step}-{int(time.time())}"
-            shutil.move(str(self.directory / str(step)), target)
+            (self.directory / str(step)).rename(target)
             print(f"lmsuite: moved damaged step {step} to {target}", file=sys.stderr)
         self.manager.reload()
 

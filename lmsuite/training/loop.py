@@ -8,11 +8,11 @@ binds them from gin.
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import jax
 import optax
 import seqio
+from etils import epath
 from tqdm import tqdm
 
 from lmsuite import partitioning
@@ -70,7 +70,7 @@ def train(
         left untouched; nothing is saved after the bad step).
       Preempted: SIGTERM; a checkpoint of the current step was saved first.
     """
-    model_dir_path = Path(model_dir)
+    model_dir_path = epath.Path(model_dir)  # local or gs://
     model_dir_path.mkdir(parents=True, exist_ok=True)
     is_main = jax.process_index() == 0
 

@@ -10,21 +10,21 @@ is one history.
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import jax
 from clu import metric_writers
+from etils import epath
 
 
 class MetricsLog:
     """Writes scalars to TensorBoard (via CLU) and to `metrics.jsonl`; only process 0 writes."""
 
-    def __init__(self, *, model_dir: str | Path, resume_step: int = 0):
-        self.path = Path(model_dir) / "metrics.jsonl"
+    def __init__(self, *, model_dir: str | epath.PathLike, resume_step: int = 0):
+        self.path = epath.Path(model_dir) / "metrics.jsonl"  # local or gs://
         self.is_writer = jax.process_index() == 0
         self.writer = metric_writers.create_default_writer(
-            str(Path(model_dir) / "tensorboard"), just_logging=not self.is_writer
+            str(epath.Path(model_dir) / "tensorboard"), just_logging=not self.is_writer
         )
         if self.is_writer:
             truncate_after(self.path, resume_step)
@@ -47,10 +47,10 @@ def _json_float(x: float):
     return x if math.isfinite(x) else str(x)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | epath.PathLike) -> list[dict]:
     """The complete records of a metrics.jsonl (a torn last line from a kill is ignored)."""
     records = []
-    path = Path(path)
+    path = epath.Path(path)
     if not path.exists():
         return records
     for line in path.read_text().splitlines():
@@ -61,11 +61,12 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
-def truncate_after(path: Path, step: int) -> None:
+def truncate_after(path: str | epath.PathLike, step: int) -> None:
     """Keeps only complete records with `step <= step` (atomically rewritten)."""
+    path = epath.Path(path)
     if not path.exists():
         return
     kept = [r for r in read_jsonl(path) if r["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
+    tmp = path.parent / (path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     tmp.replace(path)

@@ -1,15 +1,16 @@
 """What a run reports about itself: model-info.txt, example inputs, FLOPs/MFU, loss curve."""
 
 import functools
+import io
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import seqio
+from etils import epath
 
 from lmsuite.objectives import Objective
 
@@ -112,7 +113,7 @@ def mfu(
     return flops_per_step * steps_per_sec / (peak_flops_per_device * jax.device_count())
 
 
-def write_model_info(path: Path, params: Any, logical_specs: Any, shardings: Any) -> None:
+def write_model_info(path: epath.PathLike, params: Any, logical_specs: Any, shardings: Any) -> None:
     """One line per parameter: path, shape, dtype, logical axes, mesh PartitionSpec."""
     lines = [f"# {num_params(params):,} parameters"]
     leaves = jax.tree_util.tree_leaves_with_path(params)
@@ -124,7 +125,7 @@ def write_model_info(path: Path, params: Any, logical_specs: Any, shardings: Any
             f"{jax.tree_util.keystr(key):70s} {str(tuple(x.shape)):18s} {str(x.dtype):9s} "
             f"logical={tuple(logical)} mesh={tuple(sharding.spec)}"
         )
-    path.write_text("\n".join(lines) + "\n")
+    epath.Path(path).write_text("\n".join(lines) + "\n")
 
 
 def majority_baseline(
@@ -154,7 +155,9 @@ def majority_baseline(
     return max(counts.values()) / total if total else None
 
 
-def plot_loss_curve(records: list[dict], png: Path, *, baseline: float | None = None) -> None:
+def plot_loss_curve(
+    records: list[dict], png: epath.PathLike, *, baseline: float | None = None
+) -> None:
     """Loss, and accuracy where logged, against step (train and eval), saved as a PNG.
 
     `baseline` (e.g. `majority_baseline`) is drawn as a horizontal line on the accuracy panel.
@@ -191,5 +194,7 @@ def plot_loss_curve(records: list[dict], png: Path, *, baseline: float | None = 
         acc_ax.set_ylabel("accuracy")
         acc_ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
+    image = io.BytesIO()  # via epath, so that png may be on gs://
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
+    epath.Path(png).write_bytes(image.getvalue())
