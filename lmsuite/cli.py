@@ -444,15 +444,14 @@ def run_pretrain(args) -> dict:
     from lmsuite.training import input_pipeline, metrics, report
 
     kwargs, final = _train(args)
-    held_out = input_pipeline.process_dataset(
+    held_out = input_pipeline.eval_dataset(  # the batches the run's evaluation read
         task=kwargs["task"],
         sequence_length=kwargs["sequence_length"],
         feature_converter=kwargs["feature_converter"],
         global_batch_size=kwargs["batch_size"],
-        split=kwargs.get("eval_split", "validation"),
-        shuffle=False,
-        repeat=False,
-    ).take(kwargs.get("eval_batches", 10))
+        split=kwargs.get("eval_split", input_pipeline.EVAL_SPLIT),
+        batches=kwargs.get("eval_batches", input_pipeline.EVAL_BATCHES),
+    )
     baseline = report.majority_baseline(held_out.as_numpy_iterator())
     from lmsuite.training.checkpointing import absolute
 

@@ -101,17 +101,6 @@ def params_to_hf(flat, config: ModelConfig, hf_class: str) -> dict:
     return out
 
 
-def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input_ids):
-    if decoder_input_ids is not None:
-        raise ValueError("ALBERT is an encoder: decoder_input_ids must be None")
-    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-
-
-def hf_logits(outputs, hf_class: str):
-    """`prediction_logits`; the SOP logits are `outputs["classifier_logits"]`."""
-    return outputs["mlm_logits"]
-
-
 FAMILY = common.Family(
     name="albert",
     hf_classes=CLASSES,
@@ -119,6 +108,6 @@ FAMILY = common.Family(
     config_to_hf=config_to_hf,
     params_from_hf=params_from_hf,
     params_to_hf=params_to_hf,
-    model_inputs=model_inputs,
-    hf_logits=hf_logits,
+    model_inputs=common.encoder_model_inputs("ALBERT"),
+    hf_logits=common.mlm_logits,  # SOP logits: outputs["classifier_logits"]
 )

@@ -259,10 +259,6 @@ def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input
     )
 
 
-def hf_logits(outputs, hf_class: str):
-    return outputs["lm_logits"]
-
-
 FAMILY = common.Family(
     name="bart",
     hf_classes=CLASSES,
@@ -271,5 +267,5 @@ FAMILY = common.Family(
     params_from_hf=params_from_hf,
     params_to_hf=params_to_hf,
     model_inputs=model_inputs,
-    hf_logits=hf_logits,
+    hf_logits=common.lm_logits,
 )

@@ -50,6 +50,29 @@ class Family:
     hf_logits: Callable
 
 
+def mlm_logits(outputs, hf_class: str):
+    """`Family.hf_logits` of the masked-LM classes: what HF's `.logits` holds."""
+    return outputs["mlm_logits"]
+
+
+def lm_logits(outputs, hf_class: str):
+    """`Family.hf_logits` of the causal-LM and seq2seq classes."""
+    return outputs["lm_logits"]
+
+
+def encoder_model_inputs(family: str) -> Callable[..., dict]:
+    """`Family.model_inputs` of a BERT-style encoder: ids, attention mask and token types."""
+
+    def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input_ids):
+        if decoder_input_ids is not None:
+            raise ValueError(f"{family} is an encoder: decoder_input_ids must be None")
+        return dict(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        )
+
+    return model_inputs
+
+
 def hf_activation(name: str, option: str = "hidden_act") -> str:
     if name not in HF_ACTIVATIONS:
         raise ValueError(

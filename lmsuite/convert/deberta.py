@@ -366,10 +366,6 @@ def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input
     return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
 
 
-def hf_logits(outputs, hf_class: str):
-    return outputs["mlm_logits"]
-
-
 FAMILY = common.Family(
     name="deberta",
     hf_classes=CLASSES,
@@ -378,5 +374,5 @@ FAMILY = common.Family(
     params_from_hf=params_from_hf,
     params_to_hf=params_to_hf,
     model_inputs=model_inputs,
-    hf_logits=hf_logits,
+    hf_logits=common.mlm_logits,
 )

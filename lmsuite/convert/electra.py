@@ -89,12 +89,6 @@ def params_to_hf(flat, config: ModelConfig, hf_class: str) -> dict:
     return out
 
 
-def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input_ids):
-    if decoder_input_ids is not None:
-        raise ValueError("ELECTRA is an encoder: decoder_input_ids must be None")
-    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-
-
 def hf_logits(outputs, hf_class: str):
     """`logits`: (B, L) replaced-token scores for the discriminator, (B, L, V) for the generator."""
     if hf_class == "ElectraForPreTraining":
@@ -109,6 +103,6 @@ FAMILY = common.Family(
     config_to_hf=config_to_hf,
     params_from_hf=params_from_hf,
     params_to_hf=params_to_hf,
-    model_inputs=model_inputs,
+    model_inputs=common.encoder_model_inputs("ELECTRA"),
     hf_logits=hf_logits,
 )

@@ -195,10 +195,6 @@ def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input
     return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
 
-def hf_logits(outputs, hf_class: str):
-    return outputs["lm_logits"]
-
-
 FAMILY = common.Family(
     name="gpt2",
     hf_classes=CLASSES,
@@ -207,5 +203,5 @@ FAMILY = common.Family(
     params_from_hf=params_from_hf,
     params_to_hf=params_to_hf,
     model_inputs=model_inputs,
-    hf_logits=hf_logits,
+    hf_logits=common.lm_logits,
 )

@@ -99,10 +99,6 @@ def model_inputs(hf, input_ids, *, attention_mask, token_type_ids, decoder_input
     )
 
 
-def hf_logits(outputs, hf_class: str):
-    return outputs["mlm_logits"]
-
-
 FAMILY = common.Family(
     name="roberta",
     hf_classes=CLASSES,
@@ -111,5 +107,5 @@ FAMILY = common.Family(
     params_from_hf=params_from_hf,
     params_to_hf=params_to_hf,
     model_inputs=model_inputs,
-    hf_logits=hf_logits,
+    hf_logits=common.mlm_logits,
 )

@@ -71,6 +71,32 @@ def process_dataset(
     return dataset.prefetch(2).with_options(options)
 
 
+EVAL_SPLIT = "validation"
+EVAL_BATCHES = 10
+
+
+def eval_dataset(
+    *,
+    task: str,
+    sequence_length: Mapping[str, int],
+    feature_converter: seqio.FeatureConverter,
+    global_batch_size: int,
+    split: str = EVAL_SPLIT,
+    batches: int = EVAL_BATCHES,
+) -> tf.data.Dataset:
+    """The held-out batches periodic evaluation reads: `split` in order, unshuffled, one pass,
+    the first `batches` batches (fewer if the split is smaller)."""
+    return process_dataset(
+        task=task,
+        sequence_length=sequence_length,
+        feature_converter=feature_converter,
+        global_batch_size=global_batch_size,
+        split=split,
+        shuffle=False,
+        repeat=False,
+    ).take(batches)
+
+
 def to_global(
     local_batch: Mapping[str, np.ndarray], shardings: Mapping[str, NamedSharding]
 ) -> dict[str, jax.Array]:
@@ -99,9 +125,9 @@ class Prefetcher:
     `local_batches` is a tf.data.Dataset (iterated with `as_numpy_iterator()` created inside the
     thread) or any iterable of numpy dicts. With `nice` > 0 the thread lowers its scheduling
     priority before it creates the iterator, so tf.data's own threads, which inherit it, run in
-    the gaps of XLA's threads instead of preempting them. On a CPU-only host this is what keeps
-    the input pipeline from slowing the step (`benchmarks/train_loop.py`); the batches and their
-    order do not change.
+    the gaps of XLA's threads instead of preempting them. On a CPU-only host this reduces how much
+    the input pipeline slows the step (`benchmarks/train_loop.py`); the batches and their order
+    do not change.
 
     `wait_seconds` accumulates how long `next()` blocked: the time the device would have idled.
     An exception in the thread is re-raised by `next()`.

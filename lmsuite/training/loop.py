@@ -54,8 +54,8 @@ def train(
     keep_checkpoints: int = 3,
     log_every: int = 10,
     eval_every: int = 0,
-    eval_batches: int = 10,
-    eval_split: str = "validation",
+    eval_batches: int = input_pipeline.EVAL_BATCHES,
+    eval_split: str = input_pipeline.EVAL_SPLIT,
     skip_nonfinite: bool = False,
     progress_bar: bool = True,
     peak_flops_per_device: float | None = None,
@@ -151,15 +151,14 @@ def train(
     dropout_rng = jax.random.PRNGKey(seed + 1)
 
     def evaluate() -> dict[str, float]:
-        eval_data = input_pipeline.process_dataset(
+        eval_data = input_pipeline.eval_dataset(
             task=task,
             sequence_length=sequence_length,
             feature_converter=feature_converter,
             global_batch_size=batch_size,
             split=eval_split,
-            shuffle=False,
-            repeat=False,
-        ).take(eval_batches)
+            batches=eval_batches,
+        )
         totals: dict[str, float] = {}
         count = 0
         for local in eval_data.as_numpy_iterator():
@@ -178,6 +177,8 @@ def train(
 
     # ------------------------------------------------------------------------------ loop
     flops_per_step = None
+    if peak_flops_per_device is None:  # resolved now: on CPU it is measured, not while a step runs
+        peak_flops_per_device = report.device_peak_flops()
     last_eval: dict[str, float] = {}
     bar = tqdm(
         total=train_steps, initial=start_step, disable=not (progress_bar and is_main), unit="step"

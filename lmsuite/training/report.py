@@ -94,20 +94,25 @@ PEAK_FLOPS = {
 }
 
 
+def device_peak_flops() -> float | None:
+    """Peak FLOP/s of one jax device: `PEAK_FLOPS` by device kind; CPU devices divide the host's
+    `measured_cpu_peak_flops()` among themselves (the first call measures it, for ~0.1 s: make
+    it before training, not while a step runs)."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return measured_cpu_peak_flops() / jax.local_device_count()
+    return PEAK_FLOPS.get(device.device_kind)
+
+
 def mfu(
     *, flops_per_step: float, steps_per_sec: float, peak_flops_per_device: float | None
 ) -> float | None:
     """Model FLOPs utilisation, or None when the FLOPs or the device's peak are unknown.
 
-    `peak_flops_per_device=None` looks the device up in `PEAK_FLOPS`; CPU devices divide
-    `measured_cpu_peak_flops()` among themselves.
+    `peak_flops_per_device=None` means `device_peak_flops()`.
     """
     if peak_flops_per_device is None:
-        device = jax.devices()[0]
-        if device.platform == "cpu":
-            peak_flops_per_device = measured_cpu_peak_flops() / jax.local_device_count()
-        else:
-            peak_flops_per_device = PEAK_FLOPS.get(device.device_kind)
+        peak_flops_per_device = device_peak_flops()
     if not peak_flops_per_device or not flops_per_step:
         return None
     return flops_per_step * steps_per_sec / (peak_flops_per_device * jax.device_count())

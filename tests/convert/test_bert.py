@@ -67,3 +67,5 @@ def test_bad_inputs_raise_with_values():
         ours.logits(np.ones((1, 41), np.int64))
     with pytest.raises(ValueError, match="must be \\(batch, length\\)"):
         ours.logits(ids[0])
+    with pytest.raises(ValueError, match="BERT is an encoder: decoder_input_ids must be None"):
+        ours.logits(ids, mask, types, decoder_input_ids=ids)
