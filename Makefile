@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 PEERS := .venv-peers
 PEERS_STAMP := $(PEERS)/.installed
 # Run the suite on the host CPU with 8 virtual devices so sharding tests see a mesh.
-TEST_ENV := JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
+# glibc malloc settings that keep XLA:CPU's per-step buffers mapped (lmsuite/training/
+# host_malloc.py, which `lmsuite train/pretrain` apply to themselves; a test keeps them equal).
+HOST_MALLOC := MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=67108864
+TEST_ENV := $(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
 ARGS ?=
 
 .PHONY: install test test-all bench pretrain lint format clean parity
@@ -41,9 +44,9 @@ $(PEERS_STAMP): benchmarks/peers-requirements.txt
 	touch $(PEERS_STAMP)
 
 bench: $(STAMP) $(PEERS_STAMP)
-	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python
-	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/data_pipeline.py --peer_python=$(PEERS)/bin/python
-	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py
+	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python
+	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/data_pipeline.py --peer_python=$(PEERS)/bin/python
+	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py
 
 pretrain: $(STAMP)
 	$(PY) -m lmsuite.cli pretrain $(ARGS)

@@ -470,6 +470,10 @@ def run_pretrain(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: it may be relaunched
+        from lmsuite.training import host_malloc
+
+        host_malloc.relaunch_with_settings()
     args = parse_args(argv)
     from lmsuite.training import loop
 

@@ -61,6 +61,7 @@ def train(
     peak_flops_per_device: float | None = None,
     input_threads: int | None = None,
     input_nice: int | None = None,
+    checkpoint_nice: int | None = None,
 ) -> dict[str, float]:
     """Trains `model_config` on `task` until `train_steps`, resuming from `model_dir` if it
     holds checkpoints. Returns the last evaluation's metrics (empty if none ran).
@@ -96,7 +97,9 @@ def train(
 
     # --------------------------------------------------------------------------- restore
     ckpt = checkpointing.Checkpointer(
-        directory=model_dir_path / "checkpoints", keep=keep_checkpoints
+        directory=model_dir_path / "checkpoints",
+        keep=keep_checkpoints,
+        nice=checkpointing.default_checkpoint_nice() if checkpoint_nice is None else checkpoint_nice,
     )
     shapes = jax.eval_shape(lambda s: s, state)
     restored = ckpt.restore_latest(abstract_state(state_shardings, shapes))

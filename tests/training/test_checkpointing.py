@@ -1,5 +1,7 @@
 """Checkpoints: round trip, keep policy, damaged steps named and skipped, temp dirs cleaned."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,3 +111,45 @@ def test_complete_checkpoint_of_another_shape_is_an_error_not_a_fallback(tmp_pat
     with pytest.raises(ValueError, match="checkpoint .*2 is committed and complete but does not"):
         ckpt.restore_latest(other)
     assert checkpointing.Checkpointer(directory=directory).committed_steps() == [1, 2]
+
+
+def _nice_of(native_id: int) -> int:
+    stat = open(f"/proc/self/task/{native_id}/stat").read()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_niced_save_copies_the_state_so_donation_cannot_corrupt_it(tmp_path):
+    ckpt = checkpointing.Checkpointer(directory=tmp_path / "ckpt", nice=19)
+    worker = ckpt._call(threading.get_native_id)
+    assert _nice_of(worker) == 19 and _nice_of(threading.get_native_id()) == 0
+    for step in (1, 2):
+        state = _state(step)
+        ckpt.save(step, state, {"batches_consumed": 10 * step})
+        # What the next train step's donation does to these buffers, before the worker runs.
+        for leaf in jax.tree.leaves(state):
+            leaf.delete()
+    ckpt.close()
+    restored, data = checkpointing.Checkpointer(directory=tmp_path / "ckpt").restore_latest(
+        _abstract()
+    )
+    assert data == {"batches_consumed": 20}
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(_state(2)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="checkpoint nice value must be in \\[0, 19\\], got 20"):
+        checkpointing.Checkpointer(directory=tmp_path / "x", nice=20)
+
+
+def test_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypatch):
+    ckpt = checkpointing.Checkpointer(directory=tmp_path / "ckpt", nice=19)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt.manager, "save", disk_full)
+        ckpt.save(1, _state(1), {"batches_consumed": 10})  # returns: the worker fails later
+        with pytest.raises(OSError, match="No space left"):
+            ckpt.commit()
+    ckpt.save(2, _state(2), {"batches_consumed": 20})
+    ckpt.close()
+    assert checkpointing.Checkpointer(directory=tmp_path / "ckpt").committed_steps() == [2]
