@@ -96,10 +96,10 @@ def train(
         )
 
     # --------------------------------------------------------------------------- restore
+    if checkpoint_nice is None:
+        checkpoint_nice = checkpointing.default_checkpoint_nice()
     ckpt = checkpointing.Checkpointer(
-        directory=model_dir_path / "checkpoints",
-        keep=keep_checkpoints,
-        nice=checkpointing.default_checkpoint_nice() if checkpoint_nice is None else checkpoint_nice,
+        directory=model_dir_path / "checkpoints", keep=keep_checkpoints, nice=checkpoint_nice
     )
     shapes = jax.eval_shape(lambda s: s, state)
     restored = ckpt.restore_latest(abstract_state(state_shardings, shapes))
