@@ -54,6 +54,11 @@ def applies(environ: Mapping[str, str] = os.environ) -> bool:
     return not _accelerator_installed()
 
 
+def active(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process started with `SETTINGS`."""
+    return all(environ.get(key) == value for key, value in SETTINGS.items())
+
+
 def relaunch_with_settings() -> None:
     """Re-executes this process's command line with `SETTINGS` when they apply; else returns.
 

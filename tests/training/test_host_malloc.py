@@ -94,3 +94,9 @@ def test_settings_keep_xla_temporaries_mapped():
     # 64 MB is 16,384 pages: glibc's default faults them in again on every call (16,431 here).
     assert default > 10_000
     assert tuned < 0.05 * default
+
+
+def test_active_only_with_every_setting():
+    assert host_malloc.active(host_malloc.SETTINGS)
+    assert not host_malloc.active({**host_malloc.SETTINGS, "MALLOC_ARENA_MAX": "2"})
+    assert not host_malloc.active({})
