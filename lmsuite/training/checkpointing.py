@@ -134,7 +134,7 @@ class Checkpointer:
         self.directory = absolute(directory)  # local or gs://
         self._nice = nice
         self._pending: list[int] = []  # started, not yet committed; touched by the worker only
-        self._inflight: futures.Future | None = None
+        self._inflight: list[futures.Future] = []  # saves handed to the worker
         # Linux schedules threads individually: the worker's priority is inherited by the
         # threads Orbax and TensorStore start from it.
         self._worker = futures.ThreadPoolExecutor(
@@ -171,13 +171,18 @@ class Checkpointer:
         donates its buffers); otherwise after Orbax's blocking phase. An error in the save is
         raised by the next `save`, `commit` or `close`.
         """
-        if self._inflight is not None and self._inflight.done():
-            self._inflight.result()  # raises a failed background save here
+        inflight, self._inflight = self._inflight, []
+        for future in inflight:
+            if future.done():
+                future.result()  # raises a failed background save here
+            else:
+                self._inflight.append(future)
         if self._nice:
             state = _copy(state)
-        self._inflight = self._worker.submit(self._start_save, step, state, dict(data_position))
+        future = self._worker.submit(self._start_save, step, state, dict(data_position))
+        self._inflight.append(future)
         if not self._nice:
-            self._inflight.result()
+            future.result()
 
     def _start_save(self, step: int, state: Any, data_position: dict[str, int]) -> None:
         if step in self._pending or step in self.manager.all_steps():
@@ -196,9 +201,9 @@ class Checkpointer:
 
     def commit(self) -> None:
         """Waits for pending saves and writes their manifests (process 0)."""
-        if self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
-            inflight.result()
+        inflight, self._inflight = self._inflight, []
+        for future in inflight:
+            future.result()
         self._call(self._commit)
 
     def _commit(self) -> None:

@@ -153,3 +153,24 @@ def test_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypatch
     ckpt.save(2, _state(2), {"batches_consumed": 20})
     ckpt.close()
     assert checkpointing.Checkpointer(directory=tmp_path / "ckpt").committed_steps() == [2]
+
+
+def test_a_failed_save_is_raised_even_when_another_save_was_queued_behind_it(tmp_path):
+    ckpt = checkpointing.Checkpointer(directory=tmp_path / "ckpt", nice=19)
+    release = threading.Event()
+    ckpt._worker.submit(release.wait)  # hold the worker so that both saves queue up
+    original = ckpt.manager.save
+
+    def fail_step_1(step, *args, **kwargs):
+        if step == 1:
+            raise OSError("No space left on device")
+        return original(step, *args, **kwargs)
+
+    ckpt.manager.save = fail_step_1
+    ckpt.save(1, _state(1), {"batches_consumed": 10})
+    ckpt.save(2, _state(2), {"batches_consumed": 20})
+    release.set()
+    with pytest.raises(OSError, match="No space left"):
+        ckpt.commit()
+    ckpt.close()
+    assert checkpointing.Checkpointer(directory=tmp_path / "ckpt").committed_steps() == [2]
