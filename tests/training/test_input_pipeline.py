@@ -10,7 +10,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
+import lmsuite.data.tasks  # noqa: F401  (registers shakespeare_bert_mlm)
 from lmsuite import partitioning
+from lmsuite.data.feature_converters import EncoderMlmFeatureConverter
 from lmsuite.training import input_pipeline, step
 
 TASK = "lmsuite_test_counting_lm"
@@ -140,3 +142,37 @@ def test_missing_feature_is_named():
     shardings = {"y": partitioning.named_sharding(mesh, ("batch",))}
     with pytest.raises(ValueError, match="batch feature 'y' missing; the batch has \\['x'\\]"):
         input_pipeline.to_global({"x": np.zeros((2,))}, shardings)
+
+
+def test_fused_maps_give_the_batches_of_the_unoptimised_pipeline():
+    # A stochastic task (dynamic MLM masking) through process_dataset, which fuses SeqIO's maps,
+    # against the same SeqIO dataset batched with tf.data's default optimisations.
+    lengths = {"input_ids": 32, "masked_ids": 5}
+    converter = EncoderMlmFeatureConverter()
+    fused = input_pipeline.process_dataset(
+        task="shakespeare_bert_mlm",
+        sequence_length=lengths,
+        feature_converter=converter,
+        global_batch_size=4,
+        seed=5,
+        input_threads=1,
+    )
+    plain = seqio.get_dataset(
+        "shakespeare_bert_mlm",
+        task_feature_lengths=lengths,
+        feature_converter=converter,
+        dataset_split="train",
+        shuffle=True,
+        num_epochs=None,
+        shard_info=seqio.ShardInfo(index=0, num_shards=1),
+        seed=5,
+        verbose=False,
+    ).batch(4, drop_remainder=True)
+    assert fused.options().experimental_optimization.map_fusion
+    got_batches = list(fused.take(3).as_numpy_iterator())
+    want_batches = list(plain.take(3).as_numpy_iterator())
+    assert len(got_batches) == len(want_batches) == 3
+    for got, want in zip(got_batches, want_batches, strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
