@@ -12,9 +12,9 @@ a killed save are removed when the manager starts.
 Every Orbax call runs on one worker thread. With `nice` > 0 (the default on a CPU-only host,
 `default_checkpoint_nice`) that thread, and the Orbax and TensorStore threads it starts, run at
 low priority, and `save` returns at once after copying the state (the next train step donates
-its buffers): the write then uses the gaps in XLA's threads instead of pausing or slowing the
-step. With `nice` 0 (accelerators), `save` waits for Orbax's blocking phase (its copy of the
-state to host memory) and the file writes continue in the background, as Orbax intends.
+its buffers) instead of pausing the step for Orbax's blocking phase (20-60 ms on 2 cores).
+With `nice` 0 (accelerators), `save` waits for Orbax's blocking phase (its copy of the state to
+host memory) and the file writes continue in the background, as Orbax intends.
 """
 
 import json

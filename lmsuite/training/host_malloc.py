@@ -11,9 +11,9 @@ and all threads share one malloc lock, which matters little on a CPU host that t
 
 glibc reads these settings once, when the process starts. So `relaunch_with_settings` re-executes
 the current command with them; `lmsuite train` and `lmsuite pretrain` call it first, and the
-Makefile sets them for tests and benchmarks. Nothing changes when the settings do not apply
-(`applies`): not Linux with glibc, an accelerator in use, any MALLOC_* setting already chosen by
-the user, or LMSUITE_HOST_MALLOC=0.
+Makefile sets them for benchmarks (tests run under glibc's defaults). Nothing changes when the
+settings do not apply (`applies`): not Linux with glibc, an accelerator in use, any MALLOC_*
+setting already chosen by the user, or LMSUITE_HOST_MALLOC=0.
 """
 
 import importlib.metadata
