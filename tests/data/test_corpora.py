@@ -130,6 +130,32 @@ def test_source_yields_document_features():
     assert example["sentences"][0].numpy() == b"ALL'S WELL THAT ENDS WELL"
 
 
+@pytest.mark.parametrize("name", ["peoples_daily", "vader_sentiment"])
+def test_source_holds_every_document_in_order(name):
+    # The source slices in-memory columns; each example must be its document, extra features
+    # (1-D words/tags/counts, scalar labels) included, with the declared dtypes and shapes.
+    corpus = corpora.get_corpus(name) if name in corpora.PRETRAINING else corpora.PROBES[name]
+    documents = corpus.documents("validation")
+    dataset = corpus.source().get_dataset("validation", shuffle=False)
+    assert {k: (s.shape, s.dtype) for k, s in dataset.element_spec.items()} == {
+        "doc_id": ([], tf.string),
+        "text": ([], tf.string),
+        "sentences": ([None], tf.string),
+        **{k: (s.shape, s.dtype) for k, s in corpus.extra_features.items()},
+    }
+    examples = list(dataset.as_numpy_iterator())
+    assert len(examples) == len(documents)
+    for document, example in zip(documents, examples, strict=True):
+        assert example["doc_id"].decode() == document.doc_id
+        assert example["text"].decode() == document.text
+        assert [s.decode() for s in example["sentences"]] == list(document.sentences)
+        for key in corpus.extra_features:
+            want, got = np.asarray(document.features[key]), example[key]
+            if got.dtype == object:
+                got = np.array([v.decode() for v in np.atleast_1d(got)]).reshape(got.shape)
+            np.testing.assert_array_equal(got, want)
+
+
 def test_gutenberg_header_and_footer_are_stripped():
     raw = (
         "The Project Gutenberg EBook of Hamlet\nlicence\n"
