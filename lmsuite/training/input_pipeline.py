@@ -9,6 +9,7 @@ The data position is the number of global batches consumed; a resumed run skips 
 many, so it sees the batches it would have seen.
 """
 
+import itertools
 import os
 import queue
 import threading
@@ -20,8 +21,6 @@ import numpy as np
 import seqio
 import tensorflow as tf
 from jax.sharding import NamedSharding
-
-from lmsuite.training import host_malloc
 
 
 def process_dataset(
@@ -121,27 +120,58 @@ def to_global(
 
 
 def default_input_nice() -> int:
-    """The input thread's nice value: 19 on the CPU backend under glibc's default malloc, else 0.
+    """tf.data's nice value: 19 on the CPU backend (the input shares the cores with XLA's
+    step), else 0.
 
-    Measured with `benchmarks/train_loop.py` on 2 cores: under the default malloc the step spends
-    much of its time in page faults and a nice-19 pipeline fills the gaps (overhead 4-12% vs
-    11% at nice 0); with `host_malloc.SETTINGS` the step keeps both cores busy and a nice-19
-    pipeline starved it (5-7 s of each 10 s timed waiting for input; none at nice 0).
+    Measured with `benchmarks/train_loop.py` on 2 cores (`experiments/default.gin`, 600 steps,
+    malloc settings): with tf.data's threads at nice 19 the loop ran at 0.939 of the bare step
+    against 0.873 at nice 0, and never waited for input. An earlier version niced the prefetch
+    thread too: it holds the GIL while it converts batches, so the training thread waited on a
+    nice-19 GIL holder and the loop starved (5-7 s of every 10 s waiting for input).
     """
-    if jax.default_backend() != "cpu" or host_malloc.active():
-        return 0
-    return 19
+    return 19 if jax.default_backend() == "cpu" else 0
+
+
+def _start_niced(local_batches, nice: int):
+    """An iterator over `local_batches` whose tf.data threads run at `nice`.
+
+    A helper thread lowers its own priority (Linux schedules threads individually; a thread
+    inherits its creator's nice value), creates the iterator and reads the first batch, which
+    starts tf.data's threads. The caller keeps its priority: it holds the GIL while it converts
+    batches, and a niced GIL holder would stall the training thread's dispatch.
+    """
+    if not isinstance(local_batches, tf.data.Dataset):
+        return iter(local_batches)
+    if not nice:
+        return local_batches.as_numpy_iterator()
+    started: dict = {}
+
+    def start():
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            iterator = local_batches.as_numpy_iterator()
+            started["first"] = list(itertools.islice(iterator, 1))
+            started["iterator"] = iterator
+        except Exception as error:  # re-raised in the caller
+            started["error"] = error
+
+    helper = threading.Thread(target=start, name="prefetch-start", daemon=True)
+    helper.start()
+    helper.join()
+    if "error" in started:
+        raise started["error"]
+    return itertools.chain(started["first"], started["iterator"])
 
 
 class Prefetcher:
     """Iterates global batches prepared by a background thread.
 
     `local_batches` is a tf.data.Dataset (iterated with `as_numpy_iterator()` created inside the
-    thread) or any iterable of numpy dicts. With `nice` > 0 the thread lowers its scheduling
-    priority before it creates the iterator, so tf.data's own threads, which inherit it, run in
-    the gaps of XLA's threads instead of preempting them. On a CPU-only host this reduces how much
-    the input pipeline slows the step (`benchmarks/train_loop.py`); the batches and their order
-    do not change.
+    thread) or any iterable of numpy dicts. With `nice` > 0 tf.data's own threads run at that
+    priority (`_start_niced`), in the gaps of XLA's threads instead of preempting them; the
+    prefetch thread keeps the caller's. On a CPU-only host this reduces how much the input
+    pipeline slows the step (`benchmarks/train_loop.py`); the batches and their order do not
+    change.
 
     `wait_seconds` accumulates how long `next()` blocked: the time the device would have idled.
     An exception in the thread is re-raised by `next()`.
@@ -169,12 +199,7 @@ class Prefetcher:
 
     def _fill(self, local_batches, shardings, nice):
         try:
-            if nice:
-                # Linux schedules threads individually: this lowers only this thread and the
-                # threads it starts from now on.
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-            if isinstance(local_batches, tf.data.Dataset):
-                local_batches = local_batches.as_numpy_iterator()
+            local_batches = _start_niced(local_batches, nice)
             for local in local_batches:
                 item = to_global(local, shardings)
                 while not self._stop.is_set():

@@ -38,7 +38,12 @@ def _dataset(rows):
     )
 
 
-def _run(rows, spec, seed=7):
+def _run(rows, spec, seed=7, *, grouped=False):
+    """Masks `rows` one example per call (`mask_tokens`), or `grouped` as the dynamic
+    pipeline does (`bert_dynamic_mlm`: GROUP_SIZE rows per call, padded to the longest)."""
+    if grouped:
+        with seqio.map_seed_manager(seed):
+            return list(mlm.bert_dynamic_mlm(_dataset(rows), spec=spec).as_numpy_iterator())
     ds = (
         _dataset(rows)
         .enumerate()
@@ -51,10 +56,12 @@ def _run(rows, spec, seed=7):
     return list(ds.as_numpy_iterator())
 
 
-def test_budget_is_exact_and_specials_are_never_masked():
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_example", "grouped"])
+def test_budget_is_exact_and_specials_are_never_masked(grouped):
     rows = _documents(300, seed=1)
     spec = _spec()
-    for row, out in zip(rows, _run(rows, spec), strict=True):
+    for row, out in zip(rows, _run(rows, spec, grouped=grouped), strict=True):
+        assert out["input_ids"].shape == row.shape  # a grouped row is cut back to its length
         n = int(np.sum(~np.isin(row, SPECIALS)))
         expected = min(spec.max_predictions, max(1, round(0.15 * n)), n)
         weights = out["masked_weights"]
@@ -78,10 +85,11 @@ def test_budget_rounds_half_to_even_like_python():
         assert got == min(100, max(1, round(0.15 * n)), n), n
 
 
-def test_replacement_fractions_are_80_10_10():
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_example", "grouped"])
+def test_replacement_fractions_are_80_10_10(grouped):
     rows = _documents(600, seed=2, min_len=100, max_len=160)
     spec = _spec()
-    outs = _run(rows, spec, seed=3)
+    outs = _run(rows, spec, seed=3, grouped=grouped)
     counts = np.zeros(3)
     pool = set(spec.replacement_ids.tolist())
     for row, out in zip(rows, outs, strict=True):
@@ -126,6 +134,42 @@ def test_same_seed_same_mask_different_seed_different_mask():
 
 def _positions(ds):
     return [tuple(e["masked_positions"].tolist()) for e in ds.as_numpy_iterator()]
+
+
+def test_grouped_masking_keeps_other_features_and_draws_per_row():
+    # 40 copies of one row: two groups (32 + 8, the last one short). Each row must get its own
+    # draws, and the other features must come back unchanged, cut to their own lengths.
+    row = _documents(1, seed=12, min_len=120)[0]
+    n = len(row)
+    examples = [
+        {"input_ids": row, "token_type_ids": np.arange(n, dtype=np.int32) % 2, "label": i}
+        for i in range(40)
+    ]
+    signature = {
+        "input_ids": tf.TensorSpec([None], tf.int32),
+        "token_type_ids": tf.TensorSpec([None], tf.int32),
+        "label": tf.TensorSpec([], tf.int32),
+    }
+    dataset = tf.data.Dataset.from_generator(lambda: iter(examples), output_signature=signature)
+    with seqio.map_seed_manager(5):
+        outs = list(mlm.bert_dynamic_mlm(dataset, spec=_spec()).as_numpy_iterator())
+    assert [int(o["label"]) for o in outs] == list(range(40))
+    for out in outs:
+        np.testing.assert_array_equal(out["token_type_ids"], np.arange(n) % 2)
+        assert out["input_ids"].shape == (n,)
+    positions = {tuple(o["masked_positions"].tolist()) for o in outs}
+    assert len(positions) == 40  # no two rows share a mask (P(collision) is negligible)
+
+
+def test_grouped_masking_handles_short_rows_and_rejects_2d_features():
+    rows = [np.array(r, np.int32) for r in ([CLS, SEP], [CLS, 9, SEP], [CLS], [CLS, 8, 9, SEP])]
+    outs = _run(rows, _spec(), grouped=True)
+    assert [int(o["masked_weights"].sum()) for o in outs] == [0, 1, 0, 1]
+    assert [o["input_ids"].shape[0] for o in outs] == [2, 3, 1, 4]
+    assert outs[1]["masked_positions"][0] == 1 and outs[3]["masked_positions"][0] in (1, 2)
+    matrix = tf.data.Dataset.from_tensors({"input_ids": tf.zeros([2, 3], tf.int32)})
+    with pytest.raises(ValueError, match="scalar or 1-D features; got shapes .*input_ids"):
+        mlm.grouped_dynamic_masking(matrix, mask_fn=mlm.mask_tokens, spec=_spec())
 
 
 def test_static_masking_materialises_dupe_factor_fixed_copies():
