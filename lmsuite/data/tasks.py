@@ -323,8 +323,13 @@ def build_task(
     vocab: seqio.Vocabulary | None = None,
     name: str | None = None,
     register: bool = True,
+    memoize_tokens: bool = True,
 ) -> seqio.Task:
     """Builds (and by default registers) the task `{corpus}_{objective}`.
+
+    On an in-memory corpus, `memoize_tokens` tokenizes each document once per process
+    (`tokenization.tokenize_corpus_documents`) instead of once per epoch; the examples are the
+    same.
 
     Raises:
       ValueError: for an unknown objective, a corpus in the wrong language, or an objective
@@ -346,15 +351,31 @@ def build_task(
             vocab, needed=vocab_lib.NUM_SENTINELS, purpose=f"task {name!r} ({objective})"
         )
     source, corpus_steps = _source_and_steps(corpus)
+    steps = spec.steps(vocab)
+    if (
+        memoize_tokens
+        and not corpus_steps
+        and isinstance(corpora.get_corpus(corpus), corpora.Corpus)
+    ):
+        steps = [_memoized(step, corpora.get_corpus(corpus)) for step in steps]
     task = seqio.Task(
         name,
         source=source,
-        preprocessors=[*corpus_steps, *spec.steps(vocab), *_eos_steps(spec.kind)],
+        preprocessors=[*corpus_steps, *steps, *_eos_steps(spec.kind)],
         output_features=output_features(spec.kind, vocab),
     )
     if register:
         _add(task)
     return task
+
+
+def _memoized(step, corpus):
+    """`step`, with `tokenize_documents` replaced by its once-per-corpus version."""
+    if isinstance(step, functools.partial) and step.func is tokenization.tokenize_documents:
+        return functools.partial(
+            tokenization.tokenize_corpus_documents, corpus=corpus, **step.keywords
+        )
+    return step
 
 
 def _eos_steps(kind: str) -> list:

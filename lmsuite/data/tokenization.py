@@ -11,12 +11,17 @@ segmentation; otherwise `word_starts` comes from `vocab.word_start_table` ("▁"
                        word_ids [W, (T)], word_tags [W]
   encoder_chunks:      targets -> [CLS] chunk [SEP] examples: input_ids, word_starts,
                        token_type_ids, each [<= max_seq_length]
+  tokenize_corpus_documents: tokenize_documents for an in-memory corpus, run once over all of
+                       its documents and then looked up by doc_id
 
 Example (English, pieces "▁he", "llo", "▁you" = 40, 41, 42):
   {"text": "hello you"} -> tokenize_documents -> {"targets": [40, 41, 42],
                                                   "word_starts": [1, 0, 1]}
 """
 
+import threading
+
+import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -71,6 +76,59 @@ def tokenize_documents(
 
     dataset = dataset.map(tokenize_text, num_parallel_calls=tf.data.AUTOTUNE)
     return add_word_starts(dataset, vocab=vocab)
+
+
+_CORPUS_TOKENS: dict = {}
+_CORPUS_TOKENS_LOCK = threading.Lock()
+
+
+def _corpus_tokens(corpus, vocab) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(doc ids, flat targets, flat word starts, row splits) of every document of `corpus`."""
+    key = (corpus.name, id(vocab))
+    with _CORPUS_TOKENS_LOCK:
+        if key not in _CORPUS_TOKENS:
+            ids, targets, starts = [], [], []
+            for split in ("train", "validation"):
+                tokenized = tokenize_documents(corpus.dataset(split), vocab=vocab)
+                for ex in tokenized.as_numpy_iterator():
+                    ids.append(ex["doc_id"].decode())
+                    targets.append(ex["targets"])
+                    starts.append(ex["word_starts"])
+            splits = np.cumsum([0] + [len(t) for t in targets], dtype=np.int64)
+            flat = lambda rows: np.concatenate(rows).astype(np.int32)
+            # The vocabulary is kept with its tokens: its id() stays unique while it is cached.
+            _CORPUS_TOKENS[key] = (vocab, (ids, flat(targets), flat(starts), splits))
+        return _CORPUS_TOKENS[key][1]
+
+
+def tokenize_corpus_documents(
+    dataset: tf.data.Dataset, *, vocab: vocab_lib.CorpusVocabulary, corpus
+) -> tf.data.Dataset:
+    """`tokenize_documents` for the documents of an in-memory `corpus` (`corpora.Corpus`).
+
+    Every document of the corpus is tokenized once per process, when the first dataset is
+    built (wiki_sample: about a second); each example then looks its tokens up by `doc_id`.
+    The output is `tokenize_documents`'s, and tokenization no longer runs again every epoch
+    (about 2 of the 10 ms of CPU per 32 x 128 MLM batch). A `doc_id` the corpus does not have
+    fails naming it.
+    """
+    ids, targets, starts, splits = _corpus_tokens(corpus, vocab)
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(ids), tf.range(len(ids), dtype=tf.int64)),
+        default_value=-1,
+    )
+    targets, starts, splits = tf.constant(targets), tf.constant(starts), tf.constant(splits)
+
+    def add(features):
+        index = table.lookup(features["doc_id"])
+        check = tf.debugging.Assert(
+            index >= 0, [f"corpus {corpus.name!r} does not have a document", features["doc_id"]]
+        )
+        with tf.control_dependencies([check]):
+            begin, end = splits[index], splits[index + 1]
+        return {**features, "targets": targets[begin:end], "word_starts": starts[begin:end]}
+
+    return dataset.map(add, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def tokenize_sentences(

@@ -4,11 +4,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import seqio
 import tensorflow as tf
 
-from lmsuite.data import feature_converters, inspect, tasks
+from lmsuite.data import corpora, feature_converters, inspect, tasks, tokenization
 from lmsuite.data import vocab as vocab_lib
 
 LENGTHS = {
@@ -249,3 +250,38 @@ def test_masked_ids_length_sets_the_prediction_cap(tiny_vocab):
     dataset = task.get_dataset(lengths, split="validation", shuffle=False)
     converted = feature_converters.EncoderMlmFeatureConverter()(dataset, lengths)
     assert next(iter(converted))["masked_positions"].shape == (12,)
+
+
+@pytest.mark.parametrize(
+    "corpus, objective",
+    [("wiki_sample", "bert_mlm"), ("shakespeare", "t5_span_corruption"), ("peoples_daily", "wwm")],
+)
+def test_memoized_tokens_give_the_same_examples(corpus, objective):
+    # Tokenizing each document once and looking it up by doc_id must not change a single
+    # example (peoples_daily: the segmented path, words tokenized one by one).
+    def examples(memoize):
+        task = tasks.build_task(corpus, objective, register=False, memoize_tokens=memoize)
+        ds = task.get_dataset(
+            LENGTHS[tasks.OBJECTIVES[objective].kind], split="train", shuffle=True, seed=4
+        )
+        return list(ds.take(150).as_numpy_iterator())
+
+    plain, memoized = examples(False), examples(True)
+    assert len(plain) == len(memoized) == 150
+    for a, b in zip(plain, memoized, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_memoized_tokens_name_an_unknown_document():
+    vocab = tasks.default_vocabulary("wiki_sample")
+    stranger = tf.data.Dataset.from_tensors({"doc_id": tf.constant("no such page")})
+    ds = tokenization.tokenize_corpus_documents(
+        stranger, vocab=vocab, corpus=corpora.get_corpus("wiki_sample")
+    )
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"wiki_sample.* does not have a document\] \[no such page",
+    ):
+        next(iter(ds))
