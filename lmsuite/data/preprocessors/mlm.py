@@ -20,8 +20,9 @@ example (use it before the cache: the masks are then fixed, as BERT's offline da
 The shared steps and `mask_tokens` also take a group of rows `[B, L]` with their `lengths`:
 `grouped_dynamic_masking` masks `GROUP_SIZE` examples in one call, one seed per group, each row
 with its own draws. tf.data's cost per function call and per op is then paid once per group
-instead of once per example (BERT MLM: 0.19 -> 0.03 ms of CPU per example; the masks follow the
-same distribution, not the same draws as per-example seeds would give).
+instead of once per example (BERT MLM on wiki_sample chunks: 6.2 -> 4.3 ms of CPU per 32
+examples, grouping's own per-example steps included; the masks follow the same distribution,
+not the same draws as per-example seeds would give).
 """
 
 from __future__ import annotations
