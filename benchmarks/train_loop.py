@@ -1,7 +1,7 @@
 """Tokens/s of the full training loop against the bare jitted step, same config.
 
   python benchmarks/train_loop.py [--gin_file=experiments/default.gin] [--steps=N]
-      [--trials=3] [--gin.KEY=VALUE ...]
+      [--trials=7] [--gin.KEY=VALUE ...]
 
 The loop includes the SeqIO input and prefetch thread, metrics.jsonl/TensorBoard writes, the
 progress bar and the config's own asynchronous checkpoints (`train.checkpoint_every`; the
@@ -107,7 +107,7 @@ def loop_tokens_per_sec(kwargs: dict, steps: int) -> float:
 def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--gin_file", default="experiments/default.gin")
     known, rest = parser.parse_known_args(argv)
     args = cli.parse_args(["train", f"--gin_file={known.gin_file}", "--model_dir=/unused", *rest])
