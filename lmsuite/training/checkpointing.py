@@ -43,7 +43,15 @@ def default_checkpoint_nice() -> int:
     A background save in several processes could order Orbax's cross-process barriers
     differently from the train step's collectives, so multi-process runs save in the caller.
     """
+    if not thread_nice_supported():
+        return 0
     return 19 if jax.default_backend() == "cpu" and jax.process_count() == 1 else 0
+
+
+def thread_nice_supported() -> bool:
+    """Whether one thread's priority can be set: Linux only, where `setpriority(PRIO_PROCESS,
+    thread id)` addresses that thread (elsewhere the id would name a process)."""
+    return sys.platform.startswith("linux")
 
 
 @jax.jit
@@ -126,6 +134,11 @@ class Checkpointer:
             raise ValueError(f"keep must be >= 2 so that a damaged step has a fallback, got {keep}")
         if not 0 <= nice <= 19:
             raise ValueError(f"checkpoint nice value must be in [0, 19], got {nice}")
+        if nice and not thread_nice_supported():
+            raise ValueError(
+                f"checkpoint nice {nice} needs Linux (per-thread priorities); this is "
+                f"{sys.platform}: use nice=0"
+            )
         if nice and jax.process_count() > 1:
             raise ValueError(
                 f"checkpoint nice {nice} needs a single process, this run has "

@@ -12,6 +12,7 @@ many, so it sees the batches it would have seen.
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -21,6 +22,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 from jax.sharding import NamedSharding
+
+from lmsuite.training import checkpointing
 
 
 def process_dataset(
@@ -129,6 +132,8 @@ def default_input_nice() -> int:
     thread too: it holds the GIL while it converts batches, so the training thread waited on a
     nice-19 GIL holder and the loop starved (5-7 s of every 10 s waiting for input).
     """
+    if not checkpointing.thread_nice_supported():
+        return 0
     return 19 if jax.default_backend() == "cpu" else 0
 
 
@@ -189,6 +194,11 @@ class Prefetcher:
     ):
         if not 0 <= nice <= 19:
             raise ValueError(f"input nice value must be in [0, 19], got {nice}")
+        if nice and not checkpointing.thread_nice_supported():
+            raise ValueError(
+                f"input nice {nice} needs Linux (per-thread priorities); this is "
+                f"{sys.platform}: use nice=0"
+            )
         self._queue: queue.Queue = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self.wait_seconds = 0.0

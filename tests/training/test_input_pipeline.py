@@ -1,6 +1,7 @@
 """Per-process SeqIO input: sharding, exact skip on resume, global arrays, prefetch."""
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import tensorflow as tf
 import lmsuite.data.tasks  # noqa: F401  (registers shakespeare_bert_mlm)
 from lmsuite import partitioning
 from lmsuite.data.feature_converters import EncoderMlmFeatureConverter
-from lmsuite.training import input_pipeline, step
+from lmsuite.training import checkpointing, input_pipeline, step
 
 TASK = "lmsuite_test_counting_lm"
 VOCAB = seqio.PassThroughVocabulary(size=64)
@@ -178,3 +179,28 @@ def test_fused_maps_give_the_batches_of_the_unoptimised_pipeline():
         assert got.keys() == want.keys()
         for key in want:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_niced_prefetcher_raises_an_error_from_the_first_batch():
+    # The first batch is read by the short-lived niced helper thread; its error must still
+    # reach the consumer.
+    failing = tf.data.Dataset.from_tensors({"x": tf.constant([1.0])}).map(
+        lambda f: {"x": tf.debugging.check_numerics(f["x"] / 0.0, "first batch is bad")}
+    )
+    mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+    shardings = {"x": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
+    prefetcher = input_pipeline.Prefetcher(failing, shardings, nice=19)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="first batch is bad"):
+        next(prefetcher)
+    prefetcher.close()
+
+
+def test_thread_priorities_only_on_linux(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert input_pipeline.default_input_nice() == 0
+    assert checkpointing.default_checkpoint_nice() == 0
+    with pytest.raises(ValueError, match="input nice 19 needs Linux .*darwin"):
+        input_pipeline.Prefetcher([], {}, nice=19)
+    with pytest.raises(ValueError, match="checkpoint nice 19 needs Linux .*darwin"):
+        checkpointing.Checkpointer(directory=tmp_path / "ckpt", nice=19)
