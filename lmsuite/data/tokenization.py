@@ -26,6 +26,7 @@ import seqio
 import tensorflow as tf
 
 from lmsuite.data import vocab as vocab_lib
+from lmsuite.data.corpora import base as corpora_base
 
 
 def add_word_starts(
@@ -88,7 +89,7 @@ def _corpus_tokens(corpus, vocab) -> tuple[list[str], np.ndarray, np.ndarray, np
     with _CORPUS_TOKENS_LOCK:
         if key not in _CORPUS_TOKENS:
             ids, targets, starts = [], [], []
-            for split in ("train", "validation"):
+            for split in corpora_base.SPLITS:
                 tokenized = tokenize_documents(corpus.dataset(split), vocab=vocab)
                 for ex in tokenized.as_numpy_iterator():
                     ids.append(ex["doc_id"].decode())

@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from concurrent import futures
 from typing import Any
@@ -29,6 +28,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+
+from lmsuite.training import thread_priority
 
 MANIFEST = "COMMITTED"
 TMP_MARKER = ".orbax-checkpoint-tmp-"  # Orbax writes a step here, then renames it
@@ -43,15 +44,9 @@ def default_checkpoint_nice() -> int:
     A background save in several processes could order Orbax's cross-process barriers
     differently from the train step's collectives, so multi-process runs save in the caller.
     """
-    if not thread_nice_supported():
+    if not thread_priority.supported():
         return 0
     return 19 if jax.default_backend() == "cpu" and jax.process_count() == 1 else 0
-
-
-def thread_nice_supported() -> bool:
-    """Whether one thread's priority can be set: Linux only, where `setpriority(PRIO_PROCESS,
-    thread id)` addresses that thread (elsewhere the id would name a process)."""
-    return sys.platform.startswith("linux")
 
 
 @jax.jit
@@ -132,13 +127,7 @@ class Checkpointer:
     ):
         if keep is not None and keep < 2:
             raise ValueError(f"keep must be >= 2 so that a damaged step has a fallback, got {keep}")
-        if not 0 <= nice <= 19:
-            raise ValueError(f"checkpoint nice value must be in [0, 19], got {nice}")
-        if nice and not thread_nice_supported():
-            raise ValueError(
-                f"checkpoint nice {nice} needs Linux (per-thread priorities); this is "
-                f"{sys.platform}: use nice=0"
-            )
+        thread_priority.check(nice, what="checkpoint")
         if nice and jax.process_count() > 1:
             raise ValueError(
                 f"checkpoint nice {nice} needs a single process, this run has "
@@ -153,7 +142,7 @@ class Checkpointer:
         self._worker = futures.ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="checkpoint",
-            initializer=lambda: os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice),
+            initializer=lambda: thread_priority.lower_this_thread(nice),
         )
         self.manager = self._call(self._open, async_save, keep)
 

@@ -10,9 +10,7 @@ many, so it sees the batches it would have seen.
 """
 
 import itertools
-import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -23,7 +21,7 @@ import seqio
 import tensorflow as tf
 from jax.sharding import NamedSharding
 
-from lmsuite.training import checkpointing
+from lmsuite.training import thread_priority
 
 
 def process_dataset(
@@ -132,7 +130,7 @@ def default_input_nice() -> int:
     thread too: it holds the GIL while it converts batches, so the training thread waited on a
     nice-19 GIL holder and the loop starved (5-7 s of every 10 s waiting for input).
     """
-    if not checkpointing.thread_nice_supported():
+    if not thread_priority.supported():
         return 0
     return 19 if jax.default_backend() == "cpu" else 0
 
@@ -153,7 +151,7 @@ def _start_niced(local_batches, nice: int):
 
     def start():
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            thread_priority.lower_this_thread(nice)
             iterator = local_batches.as_numpy_iterator()
             started["first"] = list(itertools.islice(iterator, 1))
             started["iterator"] = iterator
@@ -192,13 +190,7 @@ class Prefetcher:
         size: int = 2,
         nice: int = 0,
     ):
-        if not 0 <= nice <= 19:
-            raise ValueError(f"input nice value must be in [0, 19], got {nice}")
-        if nice and not checkpointing.thread_nice_supported():
-            raise ValueError(
-                f"input nice {nice} needs Linux (per-thread priorities); this is "
-                f"{sys.platform}: use nice=0"
-            )
+        thread_priority.check(nice, what="input")
         self._queue: queue.Queue = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self.wait_seconds = 0.0
