@@ -328,8 +328,8 @@ def build_task(
     """Builds (and by default registers) the task `{corpus}_{objective}`.
 
     On an in-memory corpus, `memoize_tokens` tokenizes each document once per process
-    (`tokenization.tokenize_corpus_documents`) instead of once per epoch; the examples are the
-    same.
+    (`tokenization.tokenize_corpus_documents`) instead of once per epoch, and cuts encoder
+    chunks once too (`tokenization.corpus_encoder_chunks`); the examples are the same.
 
     Raises:
       ValueError: for an unknown objective, a corpus in the wrong language, or an objective
@@ -357,7 +357,7 @@ def build_task(
         and not corpus_steps
         and isinstance(corpora.get_corpus(corpus), corpora.Corpus)
     ):
-        steps = [_memoized(step, corpora.get_corpus(corpus)) for step in steps]
+        steps = _memoized(steps, corpora.get_corpus(corpus))
     task = seqio.Task(
         name,
         source=source,
@@ -369,13 +369,38 @@ def build_task(
     return task
 
 
-def _memoized(step, corpus):
-    """`step`, with `tokenize_documents` replaced by its once-per-corpus version."""
-    if isinstance(step, functools.partial) and step.func is tokenization.tokenize_documents:
-        return functools.partial(
-            tokenization.tokenize_corpus_documents, corpus=corpus, **step.keywords
-        )
-    return step
+def _memoized(steps: list, corpus) -> list:
+    """`steps` with `tokenize_documents` replaced by its once-per-corpus version, fused with a
+    following `_chunks` into `tokenization.corpus_encoder_chunks`."""
+    out: list = []
+    for step in steps:
+        if _is(step, _chunks) and out and _is(out[-1], tokenization.tokenize_corpus_documents):
+            out[-1] = functools.partial(_memoized_chunks, corpus=corpus, **step.keywords)
+        elif _is(step, tokenization.tokenize_documents):
+            out.append(
+                functools.partial(
+                    tokenization.tokenize_corpus_documents, corpus=corpus, **step.keywords
+                )
+            )
+        else:
+            out.append(step)
+    return out
+
+
+def _is(step, function) -> bool:
+    return isinstance(step, functools.partial) and step.func is function
+
+
+def _memoized_chunks(dataset, sequence_length, *, vocab, corpus):
+    ids = vocab_lib.special_ids(vocab)
+    return tokenization.corpus_encoder_chunks(
+        dataset,
+        vocab=vocab,
+        corpus=corpus,
+        max_seq_length=_encoder_length(sequence_length),
+        cls_id=ids.cls,
+        sep_id=ids.sep,
+    )
 
 
 def _eos_steps(kind: str) -> list:

@@ -169,7 +169,8 @@ def test_refuses_labels_and_oversized_examples():
     with pytest.raises(ValueError, match="next_sentence_label"):
         feature_converters.EncoderMlmFeatureConverter(labels=("next_sentence_label",), pack=True)
     too_long = _examples(n=1, seed=4, min_tokens=L + 1, max_tokens=L + 1)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="input_ids"):
+    message = rf"more than L={L} tokens \(input_ids"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         _convert(too_long, pack=True)
     # More weighted predictions than P (masked_ids padded to P, weights longer) is refused too.
     bad = _examples(n=1, seed=5, min_tokens=12, max_tokens=12)[0]
@@ -177,6 +178,33 @@ def test_refuses_labels_and_oversized_examples():
     bad["masked_positions"] = np.arange(1, P + 2, dtype=np.int32)
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"more than P={P}"):
         _convert([bad], pack=True)
+
+
+@pytest.mark.parametrize(
+    "feature, length",
+    [
+        ("input_ids", L + 1),
+        ("masked_ids", P + 1),
+        ("masked_weights", P + 3),
+        ("span_left_positions", P + 1),
+    ],
+)
+def test_unpacked_refuses_a_feature_longer_than_its_limit(feature, length):
+    # _pad would cut it silently; the converter's own check (SeqIO's is off) must name it.
+    example = _examples(n=1, seed=6, min_tokens=12, max_tokens=12)[0]
+    example[feature] = np.ones(length, example[feature].dtype)
+    converter = feature_converters.EncoderMlmFeatureConverter(span_features=SPAN)
+    out = converter(_dataset([example]), {"input_ids": L, "masked_ids": P})
+    limit = L if feature == "input_ids" else P
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=rf"\({feature}, {limit},\] \[{length}\]"
+    ):
+        next(iter(out))
+    # At the limit it converts, and every output has its static shape.
+    example[feature] = np.ones(limit, example[feature].dtype)
+    out = converter(_dataset([example]), {"input_ids": L, "masked_ids": P})
+    assert all(spec.shape.is_fully_defined() for spec in out.element_spec.values())
+    assert next(iter(out))[feature].shape == (limit,)
 
 
 def test_packed_spanbert_task_matches_its_unpacked_examples(tiny_vocab):

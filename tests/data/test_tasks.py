@@ -274,12 +274,59 @@ def test_memoized_tokens_give_the_same_examples(corpus, objective):
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_memoized_tokens_name_an_unknown_document():
+@pytest.mark.parametrize(
+    "corpus, max_seq_length, min_tokens",
+    [("wiki_sample", 64, 1), ("wiki_sample", 128, 40), ("peoples_daily", 48, 1)],
+)
+def test_memoized_chunks_are_encoder_chunks(corpus, max_seq_length, min_tokens):
+    # Every chunk of every document, in order, including dropped short tails (min_tokens 40)
+    # and the segmented path: the memo must be exactly tokenize_documents + encoder_chunks.
+    vocab = tasks.default_vocabulary(corpus)
+    docs = corpora.get_corpus(corpus).dataset("validation")
+    ids = vocab_lib.special_ids(vocab)
+    chunking = dict(
+        max_seq_length=max_seq_length, cls_id=ids.cls, sep_id=ids.sep, min_tokens=min_tokens
+    )
+    plain = tokenization.encoder_chunks(
+        tokenization.tokenize_documents(docs, vocab=vocab), **chunking
+    )
+    memoized = tokenization.corpus_encoder_chunks(
+        docs, vocab=vocab, corpus=corpora.get_corpus(corpus), **chunking
+    )
+    # Same dtypes and shapes; the memo's are dense tensors (encoder_chunks slices a ragged
+    # batch, so its elements are ragged-rank-0 RaggedTensors).
+    assert {k: (v.dtype, v.shape) for k, v in plain.element_spec.items()} == {
+        k: (v.dtype, v.shape) for k, v in memoized.element_spec.items()
+    }
+    assert all(isinstance(v, tf.TensorSpec) for v in memoized.element_spec.values())
+    plain, memoized = list(plain.as_numpy_iterator()), list(memoized.as_numpy_iterator())
+    assert len(plain) == len(memoized) > 50
+    for a, b in zip(plain, memoized, strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_encoder_tasks_chunk_through_the_memo():
+    # The equality tests above only matter if build_task really swaps the memo in.
+    steps = tasks.build_task("wiki_sample", "bert_mlm", register=False).preprocessors
+    assert [getattr(s, "func", s).__name__ for s in steps] == ["_memoized_chunks", "_masked"]
+    steps = tasks.build_task("wiki_sample", "bert_mlm", register=False, memoize_tokens=False)
+    assert [s.func.__name__ for s in steps.preprocessors] == [
+        "tokenize_documents",
+        "_chunks",
+        "_masked",
+    ]
+
+
+@pytest.mark.parametrize(
+    "memo", [tokenization.tokenize_corpus_documents, tokenization.corpus_encoder_chunks]
+)
+def test_memoized_tokens_name_an_unknown_document(memo):
     vocab = tasks.default_vocabulary("wiki_sample")
     stranger = tf.data.Dataset.from_tensors({"doc_id": tf.constant("no such page")})
-    ds = tokenization.tokenize_corpus_documents(
-        stranger, vocab=vocab, corpus=corpora.get_corpus("wiki_sample")
-    )
+    chunking = {"max_seq_length": 16, "cls_id": 2, "sep_id": 3}
+    kwargs = chunking if memo is tokenization.corpus_encoder_chunks else {}
+    ds = memo(stranger, vocab=vocab, corpus=corpora.get_corpus("wiki_sample"), **kwargs)
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         match=r"wiki_sample.* does not have a document\] \[no such page",
