@@ -91,11 +91,17 @@ def _encoder_length(sequence_length) -> int:
     return int(sequence_length["input_ids"])
 
 
-def _chunks(dataset, sequence_length, *, vocab):
+def _chunking(vocab, sequence_length) -> dict:
     ids = vocab_lib.special_ids(vocab)
-    return tokenization.encoder_chunks(
-        dataset, max_seq_length=_encoder_length(sequence_length), cls_id=ids.cls, sep_id=ids.sep
-    )
+    return {
+        "max_seq_length": _encoder_length(sequence_length),
+        "cls_id": ids.cls,
+        "sep_id": ids.sep,
+    }
+
+
+def _chunks(dataset, sequence_length, *, vocab):
+    return tokenization.encoder_chunks(dataset, **_chunking(vocab, sequence_length))
 
 
 def _masked(dataset, sequence_length, *, vocab, masker, **kwargs):
@@ -392,14 +398,8 @@ def _is(step, function) -> bool:
 
 
 def _memoized_chunks(dataset, sequence_length, *, vocab, corpus):
-    ids = vocab_lib.special_ids(vocab)
     return tokenization.corpus_encoder_chunks(
-        dataset,
-        vocab=vocab,
-        corpus=corpus,
-        max_seq_length=_encoder_length(sequence_length),
-        cls_id=ids.cls,
-        sep_id=ids.sep,
+        dataset, vocab=vocab, corpus=corpus, **_chunking(vocab, sequence_length)
     )
 
 
