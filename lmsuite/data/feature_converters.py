@@ -193,8 +193,12 @@ def _pack_mlm(ds, *, length: int, predictions: int, span_features: Sequence[str]
                 message=f"an MLM example has more than P={predictions} weighted predictions",
             ),
         ]
+        # Everything below waits for the checks: a mismatched feature would otherwise fail
+        # first, in a gather, with an error that names no limit.
         with tf.control_dependencies(checks):
             tag = tf.cast(index % length, tf.int32) + 1
+            ids, keep = tf.identity(ids), tf.identity(keep)
+            ex = {name: tf.identity(value) for name, value in ex.items()}
         weights = tf.boolean_mask(tf.cast(ex["masked_weights"], tf.float32), keep)
         out = {
             "t_ids": ids + 1,
