@@ -64,6 +64,9 @@ class Objective:
     kind: str  # ENCODER, SEQ2SEQ, DECODER or PERMUTATION: which features the task outputs.
     steps: Callable[[vocab_lib.CorpusVocabulary], list]  # preprocessors after the source
     needs_sentinels: bool = False
+    # False where the preprocessor places every EOS itself (MASS frames each source with two):
+    # the output features then have add_eos=False and SeqIO appends nothing.
+    seqio_appends_eos: bool = True
     # Chinese runs every objective on the corpus segmentation (word starts = segmented words).
     languages: tuple[str, ...] = ("en", "zh")
 
@@ -168,7 +171,7 @@ def _mass(dataset, sequence_length, *, vocab):
         dataset,
         sequence_length=sequence_length,
         mask_id=ids.mask,
-        bos_id=ids.bos,
+        eos_id=ids.eos,
         # Random replacements come from the SentencePiece pieces: no specials, no sentinels.
         vocab_size=vocab.vocab_size - vocab.extra_ids,
         random_low=vocab_lib.EOS_ID + 1,
@@ -284,7 +287,10 @@ OBJECTIVES: dict[str, Objective] = {
             lambda vocab: [*_sents(vocab), functools.partial(_bart, vocab=vocab)],
         ),
         Objective(
-            "mass", SEQ2SEQ, lambda vocab: [*_docs(vocab), functools.partial(_mass, vocab=vocab)]
+            "mass",
+            SEQ2SEQ,
+            lambda vocab: [*_docs(vocab), functools.partial(_mass, vocab=vocab)],
+            seqio_appends_eos=False,
         ),
         Objective(
             "unilm", ENCODER, lambda vocab: [*_docs(vocab), functools.partial(_unilm, vocab=vocab)]
@@ -298,17 +304,20 @@ OBJECTIVES: dict[str, Objective] = {
 }
 
 
-def output_features(kind: str, vocab: seqio.Vocabulary) -> Mapping[str, seqio.Feature]:
-    """The SeqIO output features of an objective kind."""
+def output_features(
+    kind: str, vocab: seqio.Vocabulary, *, add_eos: bool = True
+) -> Mapping[str, seqio.Feature]:
+    """The SeqIO output features of an objective kind; `add_eos=False` keeps SeqIO from
+    appending EOS to seq2seq and decoder features (the preprocessor placed it)."""
     if kind == ENCODER:
         return {"input_ids": seqio.Feature(vocabulary=vocab, add_eos=False)}
     if kind == SEQ2SEQ:
         return {
-            "inputs": seqio.Feature(vocabulary=vocab, add_eos=True),
-            "targets": seqio.Feature(vocabulary=vocab, add_eos=True),
+            "inputs": seqio.Feature(vocabulary=vocab, add_eos=add_eos),
+            "targets": seqio.Feature(vocabulary=vocab, add_eos=add_eos),
         }
     if kind == DECODER:
-        return {"targets": seqio.Feature(vocabulary=vocab, add_eos=True)}
+        return {"targets": seqio.Feature(vocabulary=vocab, add_eos=add_eos)}
     if kind == PERMUTATION:
         return {"input_k": seqio.Feature(vocabulary=vocab, add_eos=False)}
     raise ValueError(
@@ -367,8 +376,8 @@ def build_task(
     task = seqio.Task(
         name,
         source=source,
-        preprocessors=[*corpus_steps, *steps, *_eos_steps(spec.kind)],
-        output_features=output_features(spec.kind, vocab),
+        preprocessors=[*corpus_steps, *steps, *_eos_steps(spec.kind, spec.seqio_appends_eos)],
+        output_features=output_features(spec.kind, vocab, add_eos=spec.seqio_appends_eos),
     )
     if register:
         _add(task)
@@ -403,8 +412,8 @@ def _memoized_chunks(dataset, sequence_length, *, vocab, corpus):
     )
 
 
-def _eos_steps(kind: str) -> list:
-    if kind in (SEQ2SEQ, DECODER):
+def _eos_steps(kind: str, seqio_appends_eos: bool) -> list:
+    if seqio_appends_eos and kind in (SEQ2SEQ, DECODER):
         return [seqio.preprocessors.append_eos_after_trim]
     return []
 

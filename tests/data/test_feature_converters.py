@@ -265,3 +265,168 @@ def test_packed_row_gives_each_example_its_unpacked_mlm_logits():
     expected = np.concatenate([x[w] for x, w in zip(padded_logits, weighted, strict=True)])
     got = packed_logits[: len(expected)]
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# MassFeatureConverter.
+
+ML, MM = 24, 12
+_MASS_KEYS = ("inputs", "targets", "decoder_input_tokens", "decoder_positions")
+_MASS_SPEC = {key: tf.TensorSpec([None], tf.int32) for key in _MASS_KEYS}
+
+
+def _mass_examples(n=60, seed=0, min_n=3, max_n=14):
+    """Random MASS examples; ids include 0 and the fragment may start right after position 0,
+    so real zeros appear in every feature (the packer must keep them)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        size = int(rng.integers(min_n, max_n + 1))
+        source = rng.integers(0, 8, size).astype(np.int32)
+        k = int(rng.integers(1, min(size - 1, MM) + 1))
+        start = int(rng.integers(1, size - k + 1))
+        inputs = source.copy()
+        inputs[start : start + k] = 4
+        out.append({
+            "inputs": inputs,
+            "targets": source[start : start + k],
+            "decoder_input_tokens": source[start - 1 : start + k - 1],
+            "decoder_positions": np.arange(start - 1, start + k - 1, dtype=np.int32),
+        })  # fmt: skip
+    return out
+
+
+def _mass_convert(examples, *, pack, length=ML, targets=MM):
+    ds = tf.data.Dataset.from_generator(lambda: iter(examples), output_signature=_MASS_SPEC)
+    converter = feature_converters.MassFeatureConverter(pack=pack)
+    out = converter(ds, {"inputs": length, "targets": targets})
+    return [{k: v.numpy() for k, v in row.items()} for row in out]
+
+
+def _unpack_mass(row):
+    """The examples of one packed MASS row, checking segment ids, positions and padding."""
+    encoder, decoder = row["encoder_segment_ids"], row["decoder_segment_ids"]
+    count = encoder.max()
+    assert decoder.max() == count
+    for segments in (encoder, decoder):
+        real = segments > 0
+        assert not real[real.argmin() :].any() or real.all()  # padding only at the end
+        np.testing.assert_array_equal(np.unique(segments[real]), np.arange(1, count + 1))
+    np.testing.assert_array_equal(row["decoder_loss_weights"], (decoder > 0).astype(np.int32))
+    assert not row["encoder_input_tokens"][encoder == 0].any()
+    assert not row["encoder_positions"][encoder == 0].any()
+    for key in ("decoder_target_tokens", "decoder_input_tokens", "decoder_positions"):
+        assert not row[key][decoder == 0].any(), key
+    examples = []
+    for s in range(1, count + 1):
+        (e,) = np.nonzero(encoder == s)
+        (d,) = np.nonzero(decoder == s)
+        np.testing.assert_array_equal(e, np.arange(e[0], e[0] + len(e)))  # contiguous
+        np.testing.assert_array_equal(d, np.arange(d[0], d[0] + len(d)))
+        np.testing.assert_array_equal(row["encoder_positions"][e], np.arange(len(e)))
+        examples.append({
+            "inputs": row["encoder_input_tokens"][e],
+            "targets": row["decoder_target_tokens"][d],
+            "decoder_input_tokens": row["decoder_input_tokens"][d],
+            "decoder_positions": row["decoder_positions"][d],
+        })  # fmt: skip
+    return examples
+
+
+def test_mass_converter_matches_the_docstring_examples():
+    first = {"inputs": [6, 9, 4, 4, 6], "targets": [10, 11], "decoder_input_tokens": [9, 10],
+             "decoder_positions": [1, 2]}  # fmt: skip
+    second = {"inputs": [6, 4, 4], "targets": [12, 6], "decoder_input_tokens": [6, 12],
+              "decoder_positions": [0, 1]}  # fmt: skip
+    examples = [{k: np.array(v, np.int32) for k, v in ex.items()} for ex in (first, second)]
+    unpacked = _mass_convert(examples, pack=False, length=8, targets=4)
+    assert {k: v.tolist() for k, v in unpacked[0].items()} == {
+        "encoder_input_tokens": [6, 9, 4, 4, 6, 0, 0, 0],
+        "decoder_target_tokens": [10, 11, 0, 0],
+        "decoder_input_tokens": [9, 10, 0, 0],
+        "decoder_positions": [1, 2, 0, 0],
+        "decoder_loss_weights": [1, 1, 0, 0],
+    }
+    (row,) = _mass_convert(examples, pack=True, length=8, targets=4)
+    assert {k: v.tolist() for k, v in row.items()} == {
+        "encoder_input_tokens": [6, 9, 4, 4, 6, 6, 4, 4],
+        "encoder_segment_ids": [1, 1, 1, 1, 1, 2, 2, 2],
+        "encoder_positions": [0, 1, 2, 3, 4, 0, 1, 2],
+        "decoder_target_tokens": [10, 11, 12, 6],
+        "decoder_input_tokens": [9, 10, 6, 12],
+        "decoder_positions": [1, 2, 0, 1],
+        "decoder_segment_ids": [1, 1, 2, 2],
+        "decoder_loss_weights": [1, 1, 1, 1],
+    }
+
+
+def test_mass_packed_rows_hold_every_example_as_unpacked():
+    examples = _mass_examples()
+    rows = _mass_convert(examples, pack=True)
+    assert len(rows) < 0.7 * len(examples)  # 3..14 tokens in 24: rows really hold several
+    assert all(r["encoder_input_tokens"].shape == (ML,) for r in rows)
+    assert all(r["decoder_positions"].shape == (MM,) for r in rows)
+    unpacked = [ex for row in rows for ex in _unpack_mass(row)]
+    assert len(unpacked) == len(examples)  # none dropped, in order
+    for got, ex in zip(unpacked, examples, strict=True):
+        for key in _MASS_KEYS:
+            np.testing.assert_array_equal(got[key], ex[key], err_msg=key)
+    # Unpacked: the same values, padded, with decoder_positions kept.
+    padded = _mass_convert(examples, pack=False)
+    assert len(padded) == len(examples)
+    names = {"inputs": "encoder_input_tokens", "targets": "decoder_target_tokens"}
+    for row, ex in zip(padded, examples, strict=True):
+        assert sorted(row) == sorted(feature_converters.MassFeatureConverter.MODEL_FEATURES)
+        for key in _MASS_KEYS:
+            value, limit = row[names.get(key, key)], ML if key == "inputs" else MM
+            np.testing.assert_array_equal(value, np.pad(ex[key], (0, limit - len(ex[key]))))
+        k = len(ex["targets"])
+        assert row["decoder_loss_weights"].tolist() == [1] * k + [0] * (MM - k)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("feature", ["inputs", "targets"])
+def test_mass_converter_refuses_a_feature_longer_than_its_limit(feature, pack):
+    example = _mass_examples(n=1, seed=2, min_n=14, max_n=14)[0]
+    if feature == "inputs":
+        example["inputs"] = np.ones(ML + 1, np.int32)
+        names, limit = ["inputs"], ML
+    else:  # The three decoder-side features grow together (one per target token).
+        for key in _MASS_KEYS[1:]:
+            example[key] = np.ones(MM + 1, np.int32)
+        names, limit = list(_MASS_KEYS[1:]), MM
+    for name in names:
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=rf"\({name}, {limit},\] \[{limit + 1}\]"
+        ):
+            _mass_convert([example], pack=pack)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_mass_converter_refuses_decoder_features_of_another_length(pack):
+    example = _mass_examples(n=1, seed=3, min_n=10, max_n=10)[0]
+    example["decoder_positions"] = example["decoder_positions"][:-1]
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="decoder_positions and targets differ"
+    ):
+        _mass_convert([example], pack=pack)
+    ds = tf.data.Dataset.from_tensors({"inputs": [6, 4, 6], "targets": [7]})
+    with pytest.raises(ValueError, match="needs the task feature 'decoder_input_tokens'"):
+        feature_converters.MassFeatureConverter(pack=pack)(ds, {"inputs": 8, "targets": 4})
+
+
+def test_mass_task_converts_packed_and_unpacked(tiny_vocab):
+    task = tasks.build_task("wiki_sample", "mass", vocab=tiny_vocab, register=False)
+    lengths = {"inputs": 64, "targets": 32}
+    source = task.get_dataset(lengths, split="validation", shuffle=False, seed=0).take(30)
+    examples = [{k: v.numpy() for k, v in ex.items()} for ex in source]
+    converter = feature_converters.MassFeatureConverter(pack=True)
+    rows = [{k: v.numpy() for k, v in r.items()} for r in converter(source, lengths)]
+    unpacked = [ex for row in rows for ex in _unpack_mass(row)]
+    assert len(unpacked) == len(examples) == 30
+    for got, ex in zip(unpacked, examples, strict=True):
+        for key in _MASS_KEYS:
+            np.testing.assert_array_equal(got[key], ex[key], err_msg=key)
+    padded = feature_converters.MassFeatureConverter(pack=False)(source, lengths)
+    first = next(iter(padded))
+    k = len(examples[0]["targets"])
+    np.testing.assert_array_equal(first["decoder_positions"][:k], examples[0]["decoder_positions"])

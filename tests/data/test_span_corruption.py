@@ -146,10 +146,79 @@ def test_iid_denoising_density_and_reconstruction():
         np.testing.assert_array_equal(chunk, stream[start : start + len(chunk)])
         start += len(chunk)
         noise += sum(t not in IS_SENTINEL for t in ex["targets"].tolist())
-        # Sentinels are numbered in order in both features, so they stay aligned.
+        # Sentinels are numbered in order in both features, so they stay aligned; a chunk
+        # ending with non-noise closes its targets with the next one.
         in_s = [t for t in ex["inputs"].tolist() if t in IS_SENTINEL]
         tg_s = [t for t in ex["targets"].tolist() if t in IS_SENTINEL]
-        assert in_s == tg_s == SENTINELS[: len(in_s)]
+        closed = ex["inputs"][-1] not in IS_SENTINEL
+        assert in_s == SENTINELS[: len(in_s)]
+        assert tg_s == SENTINELS[: len(in_s) + closed]
     assert start == len(stream) == 5000 and len(out[0]["inputs"]) < 255
     sigma = np.sqrt(5000 * 0.15 * 0.85)
     assert abs(noise - 0.15 * 5000) < 5 * sigma
+
+
+def t5_noise_span_to_unique_sentinel(tokens, mask):
+    """T5's function, from its definition: the k-th run of mask=True becomes <extra_id_k>."""
+    prev = np.concatenate([[False], mask[:-1]])
+    first = mask & ~prev
+    run = np.cumsum(first) - 1
+    out = np.where(first, np.asarray(SENTINELS)[np.maximum(run, 0)], tokens)
+    return out[~(mask & prev)]
+
+
+def t5_nonnoise_span_to_unique_sentinel(tokens, mask):
+    return t5_noise_span_to_unique_sentinel(tokens, ~mask)
+
+
+def iid_chunks_and_masks(chunk_length=9, noise_density=0.3, seed=3):
+    """i.i.d. examples with their chunks and noise masks, recovered from the distinct ids."""
+    docs = documents(25, 200)
+    out = run(
+        sc.iid_denoising,
+        docs,
+        seed=seed,
+        sequence_length={"inputs": chunk_length + 1, "targets": chunk_length + 1},
+        noise_density=noise_density,
+    )
+    stream = np.concatenate(docs)
+    chunks = [stream[i : i + chunk_length] for i in range(0, len(stream), chunk_length)]
+    assert len(out) == len(chunks)
+    masks = [~np.isin(chunk, ex["inputs"]) for chunk, ex in zip(chunks, out, strict=True)]
+    return out, chunks, masks
+
+
+def test_iid_equals_t5_where_the_mask_starts_with_non_noise():
+    out, chunks, masks = iid_chunks_and_masks()
+    cases = {"ends with noise": 0, "ends with non-noise": 0, "no noise": 0}
+    for ex, chunk, mask in zip(out, chunks, masks, strict=True):
+        if mask[0]:
+            continue
+        np.testing.assert_array_equal(ex["inputs"], t5_noise_span_to_unique_sentinel(chunk, mask))
+        np.testing.assert_array_equal(
+            ex["targets"], t5_nonnoise_span_to_unique_sentinel(chunk, mask)
+        )
+        if not mask.any():
+            cases["no noise"] += 1
+        else:
+            cases["ends with noise" if mask[-1] else "ends with non-noise"] += 1
+    # 556 chunks of 9 at density 0.3: the rarest case, no noise at all, is expected 22 times.
+    assert min(cases.values()) >= 10, cases
+
+
+def test_iid_keeps_sentinels_aligned_where_the_mask_starts_with_noise():
+    # lmsuite's targets put <k> before noise run k; T5's put <k> after it. So lmsuite's are <0>
+    # then T5's with every sentinel renumbered one up; the inputs are T5's.
+    out, chunks, masks = iid_chunks_and_masks()
+    renumber = {s: SENTINELS[i + 1] for i, s in enumerate(SENTINELS[:-1])}
+    seen = {True: 0, False: 0}
+    for ex, chunk, mask in zip(out, chunks, masks, strict=True):
+        if not mask[0]:
+            continue
+        t5_targets = t5_nonnoise_span_to_unique_sentinel(chunk, mask)
+        np.testing.assert_array_equal(ex["inputs"], t5_noise_span_to_unique_sentinel(chunk, mask))
+        shifted = [SENTINELS[0]] + [renumber.get(t, t) for t in t5_targets.tolist()]
+        assert ex["targets"].tolist() == shifted
+        assert ex["targets"].tolist() != t5_targets.tolist()
+        seen[bool(mask[-1])] += 1
+    assert min(seen.values()) >= 10, seen

@@ -83,6 +83,10 @@ def _check(objective, spec, example):
             vocab_lib.SEP_ID,
             vocab_lib.MASK_ID,
         }
+    elif objective == "mass":  # </s> chunk </s> in; exactly the fragment out, no EOS added
+        assert example["inputs"].numpy()[0] == vocab_lib.EOS_ID
+        assert len(example["targets"]) == len(example["decoder_positions"]) >= 1
+        assert len(example["inputs"]) <= 64
     elif spec.kind == tasks.SEQ2SEQ:
         assert example["targets"].numpy()[-1] == vocab_lib.EOS_ID
         assert len(example["inputs"]) <= 64

@@ -2,7 +2,7 @@
 
 Both objectives replace each run of noise tokens in `inputs` by one sentinel and put the noise
 runs, each behind its sentinel, in `targets` (T5's `noise_span_to_unique_sentinel` /
-`nonnoise_span_to_unique_sentinel`; see `_sentinel_fill` for the one case where we differ).
+`nonnoise_span_to_unique_sentinel`; see below for the one case where we differ).
 Sentinel ids are passed explicitly: `sentinel_ids[i]` is the id of `<extra_id_i>` (SeqIO's
 convention puts `<extra_id_0>` at vocab_size - 1, decreasing).
 
@@ -21,6 +21,21 @@ is used and only the dataset's last chunk is short.
 T5's span mask alternates non-noise and noise spans beginning with non-noise and ending with
 noise, so `inputs` always end with a sentinel (before EOS) and `targets` always start with
 `<extra_id_0>`. Interleaving the two recovers the chunk: `a b` `c d` `e f` `g h`.
+
+I.i.d. masks may start and end either way. T5 builds targets with
+`nonnoise_span_to_unique_sentinel`: a sentinel for every non-noise run, so a chunk that ends with
+non-noise gets a trailing sentinel in the targets; `iid_denoising` adds it too. On every mask that
+starts with non-noise, both features then equal T5's exactly:
+
+  chunk [a b c d e f], noise (b c):  inputs [a <0> d e f]  targets [<0> b c <1>]
+
+Deliberate difference: where the mask starts with noise, lmsuite keeps <k> in the targets
+before noise run k, the run <k> replaced in the inputs; T5 numbers the non-noise runs, so its
+<k> follows noise run k and the pairing is off by one. lmsuite's targets are then <0> followed
+by T5's with every <k> renumbered <k+1> (the inputs are the same):
+
+  chunk [a b c d e f], noise (a), (d):  inputs [<0> b c <1> e f] (T5: the same)
+                                        targets [<0> a <1> d <2>] (T5: [a <0> d <1>])
 """
 
 from __future__ import annotations
@@ -137,23 +152,34 @@ def _check_sentinels(sentinel_ids: Sequence[int]) -> tf.Tensor:
     return tf.constant(ids, tf.int32)
 
 
-def _sentinel_fill(tokens, noise, sentinels):
+def _sentinel_fill(tokens, noise, sentinels, *, close_nonnoise_tail=False):
     """Inputs and targets (as values + keep masks) of the unique-sentinel corruption.
 
     Noise run k becomes <k> in the inputs; in the targets <k> precedes the tokens of run k. This
-    equals T5's pair of functions on span-corruption masks (which start with non-noise) and keeps
-    the sentinels aligned when a mask starts with noise (i.i.d. masks), where T5's do not.
+    equals T5's pair of functions on span-corruption masks (which start with non-noise and end
+    with noise) and keeps the sentinels aligned when a mask starts with noise (i.i.d. masks),
+    where T5's do not. With `close_nonnoise_tail`, a row that ends with non-noise gets one more
+    sentinel at the end of its targets, as T5's `nonnoise_span_to_unique_sentinel` gives it.
+
+    Example (one row [a b c d e f], noise (b c), close_nonnoise_tail=True):
+      inputs [a <0> d e f], targets [<0> b c <1>] (after boolean-masking by the keep masks).
 
     Returns (inputs_values, inputs_keep, targets_values, targets_keep): boolean-masking the
-    values ([rows, L] and [rows, L + 1]) by their keep masks gives the corrupted sequences.
+    values ([rows, L] and [rows, L + 1], or [rows, L + 2] with `close_nonnoise_tail`) by their
+    keep masks gives the corrupted sequences.
     """
     prev_noise = tf.pad(noise[:, :-1], [[0, 0], [1, 0]])
     first_noise = tf.logical_and(noise, tf.logical_not(prev_noise))
     noise_run = tf.cumsum(tf.cast(first_noise, tf.int32), axis=1) - 1
-    check = tf.debugging.assert_less(
-        tf.reduce_max(noise_run),
+    num_runs = noise_run[:, -1] + 1
+    tail = tf.logical_and(close_nonnoise_tail, tf.logical_not(noise[:, -1]))
+    # The trailing sentinel is <num_runs>, one more id than the noise runs use.
+    needed = num_runs + tf.cast(tail, tf.int32)
+    check = tf.debugging.assert_less_equal(
+        tf.reduce_max(needed),
         tf.size(sentinels),
-        message="more noise spans than sentinel ids; pass more sentinel_ids",
+        message="more sentinels needed (one per noise span, plus the closing one) than"
+        " sentinel ids; pass more sentinel_ids",
     )
     with tf.control_dependencies([check]):
         inputs = tf.where(first_noise, tf.gather(sentinels, tf.maximum(noise_run, 0)), tokens)
@@ -166,6 +192,11 @@ def _sentinel_fill(tokens, noise, sentinels):
     slot_run = tf.maximum(tf.cumsum(tf.cast(slot, tf.int32), axis=1) - 1, 0)
     targets = tf.where(slot, tf.gather(sentinels, slot_run), padded_tokens)
     targets_keep = tf.logical_or(padded_noise, slot)
+    if close_nonnoise_tail:
+        # Clamped: rows without a tail gather a valid id they then drop.
+        closing = tf.gather(sentinels, tf.minimum(num_runs, tf.size(sentinels) - 1))
+        targets = tf.concat([targets, closing[:, None]], axis=1)
+        targets_keep = tf.concat([targets_keep, tail[:, None]], axis=1)
     return inputs, inputs_keep, targets, targets_keep
 
 
@@ -254,11 +285,16 @@ def iid_denoising(
     """T5's i.i.d. denoising baseline: each token is noise with probability `noise_density`.
 
     The stream is cut into chunks of `inputs - 1` tokens (room for EOS); consecutive noise tokens
-    form one span and are replaced by one sentinel, as in `span_corruption`. Lengths vary per
-    example; targets are not trimmed here (SeqIO trims to the targets length).
+    form one span and are replaced by one sentinel, as in `span_corruption`. A chunk that ends
+    with non-noise also ends its targets with the next sentinel (T5's
+    `nonnoise_span_to_unique_sentinel`); where the chunk starts with noise, see the module
+    docstring. Lengths vary per example; targets are not trimmed here (SeqIO trims to the
+    targets length).
 
     Example (noise = b, c, f): {"targets": [a b c d e f]} ->
       {"inputs": [a <0> d e <1>], "targets": [<0> b c <1> f]}
+    Example (noise = b, c; ends with non-noise): {"targets": [a b c d e f]} ->
+      {"inputs": [a <0> d e f], "targets": [<0> b c <1>]}
     """
     if not 0.0 < noise_density < 1.0:
         raise ValueError(f"noise_density={noise_density}, expected in (0, 1)")
@@ -269,7 +305,9 @@ def iid_denoising(
     @seqio.map_over_dataset(num_seeds=1)
     def corrupt(tokens, seed):
         noise = tf.random.stateless_uniform(tf.shape(tokens), seed=seed) < noise_density
-        inputs, inputs_keep, targets, targets_keep = _sentinel_fill(tokens, noise, sentinels)
+        inputs, inputs_keep, targets, targets_keep = _sentinel_fill(
+            tokens, noise, sentinels, close_nonnoise_tail=True
+        )
         return {
             "inputs": tf.ragged.boolean_mask(inputs, inputs_keep),
             "targets": tf.ragged.boolean_mask(targets, targets_keep),
