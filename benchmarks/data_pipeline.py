@@ -134,60 +134,51 @@ def _lmsuite_pipelines():
 def _full_pipelines():
     """label -> (task, task feature lengths, feature converter, token features), length 128.
 
-    Converters are those training uses (gin/objectives): EncoderMlm for encoder objectives
-    (with the sentence label or SBO features), SeqIO's packed EncDec / LM / PrefixLM converters
-    for seq2seq and decoder objectives, and the permutation-LM converter for XLNet.
+    Converters and lengths are the ones training uses: each trainable objective's recipe
+    (`lmsuite/training/recipes.py`, its default packing) and, for the objectives that have data
+    but no recipe yet, the converter `recipes.DATA_ONLY` names.
     """
     sys.path.insert(0, REPO)
-    import seqio
-
-    from lmsuite.data import feature_converters as fc
     from lmsuite.data import tasks
-    from lmsuite.data.preprocessors import mlm as mlm_lib
-    from lmsuite.data.preprocessors import spanbert
+    from lmsuite.training import recipes
 
-    del tasks  # imported to register the tasks
-    mlm = {"input_ids": 128, "masked_ids": mlm_lib.electra_max_predictions(128, mask_prob=0.15)}
-    encoder = ("input_ids",)
-    enc_dec = ("encoder_input_tokens", "decoder_target_tokens")
-    decoder = ("decoder_target_tokens",)
-    seq2seq = {"inputs": 128, "targets": 128}
-
-    def mlm_task(**kwargs):
-        return mlm, fc.EncoderMlmFeatureConverter(**kwargs), encoder
-
-    table = {
-        "bert_mlm": mlm_task(),
-        "bert_mlm_nsp": mlm_task(labels=("next_sentence_label",)),
-        "wwm": mlm_task(),
-        "albert_sop": mlm_task(labels=("sentence_order_label",)),
-        "spanbert": mlm_task(span_features=spanbert.SBO_KEYS),
-        "structbert": mlm_task(labels=("sentence_relation_label",)),
-        # T5's helper: inputs 128 -> exactly 29 targets (with EOS) per full chunk.
-        "t5_span_corruption": (
-            {"inputs": 128, "targets": 29},
-            seqio.EncDecFeatureConverter(pack=True),
-            enc_dec,
-        ),
-        "iid_denoising": (seq2seq, seqio.EncDecFeatureConverter(pack=True), enc_dec),
-        "prefix_lm": (seq2seq, seqio.PrefixLMFeatureConverter(pack=True), decoder),
-        "causal_lm": ({"targets": 128}, seqio.LMFeatureConverter(pack=True), decoder),
-        "bart_denoising": (seq2seq, seqio.EncDecFeatureConverter(pack=True), enc_dec),
-        "mass": (seq2seq, seqio.EncDecFeatureConverter(pack=True), enc_dec),
-        "unilm": mlm_task(labels=("unilm_mode", "source_length")),
-        # XLNet predicts round((L - 3) / K) tokens, K = 6: 21 for L = 128.
-        "xlnet_plm": (
-            {"input_k": 128, "target": round((128 - 3) / 6)},
-            fc.PermutationLmFeatureConverter(),
-            ("input_k",),
-        ),
-        "electra": mlm_task(),
+    token_keys = {
+        "input_ids": ("input_ids",),
+        "encoder_input_tokens": ("encoder_input_tokens", "decoder_target_tokens"),
+        "input_k": ("input_k",),
     }
-    out = {f"wiki_sample_{name}": (f"wiki_sample_{name}", *spec) for name, spec in table.items()}
-    out["peoples_daily_ernie"] = ("peoples_daily_ernie", *mlm_task())
-    # The packed MLM converter (not yet the training default), for its cost and its gain.
+
+    def tokens_of(converter):
+        features = converter.MODEL_FEATURES
+        for first, keys in token_keys.items():
+            if first in features:
+                return keys
+        return ("decoder_target_tokens",)
+
+    rows = {}
+    for recipe in recipes.RECIPES.values():
+        for objective in recipe.objectives:
+            converter = recipe.converter(pack=recipe.pack)
+            label = objective if objective not in rows else f"{objective} ({recipe.name})"
+            rows[label] = (objective, recipe.lengths_for(128), converter, tokens_of(converter))
+    for entry in recipes.DATA_ONLY.values():
+        converter = entry.converter()
+        rows[entry.objective] = (
+            entry.objective,
+            entry.lengths_for(128),
+            converter,
+            tokens_of(converter),
+        )
+    out = {}
+    for label, (objective, lengths, converter, keys) in rows.items():
+        zh_only = tasks.OBJECTIVES[objective].languages == ("zh",)
+        corpus = "peoples_daily" if zh_only else "wiki_sample"
+        out[f"{corpus}_{label}"] = (f"{corpus}_{objective}", lengths, converter, keys)
+    # The packed MLM converter (not the training default), for its cost and its gain.
+    mlm = recipes.RECIPES["bert_mlm"]
     for name in ("wiki_sample_bert_mlm", "peoples_daily_ernie"):
-        out[f"{name} (packed)"] = (name, *mlm_task(pack=True))
+        converter = mlm.converter(pack=True)
+        out[f"{name} (packed)"] = (name, mlm.lengths_for(128), converter, ("input_ids",))
     return out
 
 

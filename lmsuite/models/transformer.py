@@ -110,6 +110,7 @@ class Transformer(nn.Module):
         decoder_attention_mask=None,
         decoder_position_ids=None,
         decoder_segment_ids=None,
+        cross_attention_mask=None,
         masked_positions=None,
         deterministic: bool = True,
     ) -> dict[str, jax.Array]:
@@ -123,6 +124,8 @@ class Transformer(nn.Module):
           segment_ids: (B, L) packed-example ids (> 0); attention stays within a segment.
           prefix_mask: (B, L) 1 on the bidirectional prefix (prefix_lm only).
           decoder_*: the same for the decoder of an encoder_decoder model.
+          cross_attention_mask: (B, L) 1 on the encoder positions the decoder may attend to
+            (on top of padding and segments; MASS hides the encoder's [MASK] positions).
           masked_positions: (B, P) positions at which to compute MLM logits.
           deterministic: False enables dropout (needs a "dropout" rng).
         """
@@ -150,9 +153,15 @@ class Transformer(nn.Module):
                 decoder_attention_mask=decoder_attention_mask,
                 decoder_position_ids=decoder_position_ids,
                 decoder_segment_ids=decoder_segment_ids,
+                cross_attention_mask=cross_attention_mask,
                 deterministic=deterministic,
             )
         else:
+            if cross_attention_mask is not None:
+                raise ValueError(
+                    f"cross_attention_mask is for architecture='encoder_decoder', not "
+                    f"{cfg.architecture!r}"
+                )
             causal = cfg.architecture != "encoder"
             x = Embedder(config=cfg, token_embedder=token_embedder, name="embedder")(
                 input_ids,
@@ -238,6 +247,7 @@ class Transformer(nn.Module):
         decoder_attention_mask,
         decoder_position_ids,
         decoder_segment_ids,
+        cross_attention_mask,
         deterministic,
     ):
         cfg = self.config
@@ -273,8 +283,11 @@ class Transformer(nn.Module):
             causal=True,
             prefix_mask=None,
         )
+        if cross_attention_mask is not None:
+            _check_same_shape("cross_attention_mask", cross_attention_mask, "input_ids", input_ids)
         cross_mask = masks.combine(
             None if attention_mask is None else masks.padding_mask(attention_mask),
+            None if cross_attention_mask is None else masks.padding_mask(cross_attention_mask),
             None
             if decoder_segment_ids is None or segment_ids is None
             else masks.segment_mask(decoder_segment_ids, segment_ids),

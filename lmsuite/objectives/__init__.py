@@ -6,6 +6,7 @@ so a step can compute them over the whole global batch first and then accumulate
 gradients that add up exactly to the big batch's gradient.
 """
 
+from lmsuite.objectives import seq2seq  # noqa: I001  (the module; its factory is seq2seq.seq2seq)
 from lmsuite.objectives.base import Objective, TermSums
 from lmsuite.objectives.causal_lm import causal_lm, prefix_lm
 from lmsuite.objectives.classification import classification
@@ -18,6 +19,7 @@ FACTORIES = {
     "prefix_lm": prefix_lm,
     "classification": classification,
     "rtd": rtd,
+    "seq2seq": seq2seq.seq2seq,
 }
 
 
@@ -38,4 +40,5 @@ __all__ = [
     "mlm",
     "prefix_lm",
     "rtd",
+    "seq2seq",
 ]

@@ -17,6 +17,14 @@ class TermSums(NamedTuple):
     correct: jax.Array
 
 
+class MetricSum(NamedTuple):
+    """A metric that is not a loss term: a sum over the examples and the name of the denominator
+    (a key of `Objective.denominators(batch)`) it is divided by."""
+
+    value: jax.Array
+    denominator: str
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Objective:
     """What the training step needs to know about an objective.
@@ -24,10 +32,16 @@ class Objective:
     Attributes:
       name: for metrics and error messages.
       model_inputs: batch -> keyword arguments of the model's `__call__` (ids, masks, ...).
-      denominators: batch -> {term: total weight}; depends on the batch only.
-      terms: (model outputs, batch) -> {term: TermSums}; the same keys as `denominators`.
+      denominators: batch -> {name: total weight}, one per term (keyed by the term) and any
+        more that accuracies and metric sums name; depends on the batch only.
+      terms: (model outputs, batch) -> {term: TermSums}; each term has a denominator.
       num_tokens: batch -> number of real (non-padding) input tokens, for tokens/s.
       term_weights: optional multiplier per term (ELECTRA's discriminator weight, for example).
+      accuracy_denominators: term -> the denominator its accuracy is divided by, where that is
+        not the loss's own (seq2seq with a constant loss normalizing factor still reports
+        accuracy per real target token).
+      metric_sums: optional (model outputs, batch) -> {metric: MetricSum}, metrics beyond each
+        term's loss and accuracy (sequence accuracy, z-loss), reported under their own names.
     """
 
     name: str
@@ -36,6 +50,8 @@ class Objective:
     terms: Callable[[Mapping[str, jax.Array], Batch], dict[str, TermSums]]
     num_tokens: Callable[[Batch], jax.Array]
     term_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    accuracy_denominators: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    metric_sums: Callable[[Mapping[str, jax.Array], Batch], dict[str, MetricSum]] | None = None
 
     def loss_and_metrics(
         self, outputs: Mapping[str, jax.Array], batch: Batch, denominators: Mapping[str, jax.Array]
@@ -46,19 +62,30 @@ class Objective:
         the values of the whole batch.
         """
         sums = self.terms(outputs, batch)
-        if set(sums) != set(denominators):
+        missing = sorted(set(sums) - set(denominators))
+        if missing:
             raise ValueError(
-                f"objective {self.name!r}: terms {sorted(sums)} do not match denominators "
-                f"{sorted(denominators)}"
+                f"objective {self.name!r}: terms {missing} have no denominator; the "
+                f"denominators are {sorted(denominators)}"
             )
+        safe = lambda key: jnp.maximum(denominators[key], 1e-8)
         total = jnp.zeros((), jnp.float32)
         metrics = {}
         for term, term_sums in sums.items():
-            safe = jnp.maximum(denominators[term], 1e-8)
-            term_loss = term_sums.loss / safe
+            term_loss = term_sums.loss / safe(term)
             total = total + self.term_weights.get(term, 1.0) * term_loss
             metrics[f"{term}_loss"] = term_loss
-            metrics[f"{term}_accuracy"] = term_sums.correct / safe
+            count = self.accuracy_denominators.get(term, term)
+            metrics[f"{term}_accuracy"] = term_sums.correct / safe(count)
+        extra = {} if self.metric_sums is None else self.metric_sums(outputs, batch)
+        for name, metric in extra.items():
+            if name in metrics or metric.denominator not in denominators:
+                raise ValueError(
+                    f"objective {self.name!r}: metric {name!r} clashes with a term's metric or "
+                    f"names an unknown denominator {metric.denominator!r} (have "
+                    f"{sorted(denominators)})"
+                )
+            metrics[name] = metric.value / safe(metric.denominator)
         return total, metrics
 
 

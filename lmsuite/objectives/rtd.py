@@ -27,16 +27,24 @@ def binary_cross_entropy(logits, labels, weights) -> TermSums:
 
 def rtd(
     *,
-    inputs: str = "encoder_input_tokens",
-    labels: str = "replaced_labels",
+    inputs: str = "replaced_ids",
+    originals: str = "original_ids",
     weights: str | None = None,
-    token_type_ids: str = "encoder_token_type_ids",
+    token_type_ids: str = "token_type_ids",
     pad_id: int = 0,
     discriminator_weight: float = 50.0,
 ) -> Objective:
-    """The discriminator's loss over the corrupted `inputs`: `labels` is 1 where a token was
-    replaced; the loss covers every non-padding token (or `weights` when given) and is scaled by
-    `discriminator_weight` (ELECTRA's lambda = 50)."""
+    """The discriminator's loss over the corrupted `inputs` against the `originals` they came from.
+
+    A token is "replaced" (label 1) where the two differ, so a generator sample equal to the
+    original counts as real, as in ELECTRA. No SeqIO task emits these two features: ELECTRA's
+    step makes them from the MLM features and its generator's samples (the `electra` recipe of
+    the encoder-objectives issue; `lmsuite.training.recipes.DATA_ONLY` says so until then). The
+    loss covers every non-padding token (or `weights` when given) and is scaled by
+    `discriminator_weight` (ELECTRA's lambda = 50).
+
+    Example: replaced_ids [[2, 9, 7, 3]], original_ids [[2, 8, 7, 3]] -> labels [[0, 1, 0, 0]].
+    """
 
     def token_weights(batch):
         if weights is not None:
@@ -54,10 +62,9 @@ def rtd(
         return {"rtd": total_weight(token_weights(batch))}
 
     def terms(outputs, batch):
-        require(batch, "rtd", labels)
-        return {
-            "rtd": binary_cross_entropy(outputs["rtd_logits"], batch[labels], token_weights(batch))
-        }
+        require(batch, "rtd", inputs, originals)
+        labels = (batch[inputs] != batch[originals]).astype(jnp.float32)
+        return {"rtd": binary_cross_entropy(outputs["rtd_logits"], labels, token_weights(batch))}
 
     def num_tokens(batch):
         return total_weight(batch[inputs] != pad_id)

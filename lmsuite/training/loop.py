@@ -5,20 +5,20 @@ preemption, divergence) -> finish. Everything it needs comes in as keyword argum
 binds them from gin.
 """
 
+import collections
+import dataclasses
 import signal
 import time
 from collections.abc import Mapping, Sequence
 
 import jax
 import optax
-import seqio
 from etils import epath
 from tqdm import tqdm
 
 from lmsuite import partitioning
 from lmsuite.models import ModelConfig, Transformer
-from lmsuite.objectives import Objective
-from lmsuite.training import checkpointing, input_pipeline, report, step
+from lmsuite.training import checkpointing, input_pipeline, preflight, recipes, report, step
 from lmsuite.training.metrics import MetricsLog
 from lmsuite.training.train_state import abstract_state, create_sharded_state
 
@@ -34,14 +34,63 @@ class Preempted(RuntimeError):
     """SIGTERM arrived; a checkpoint of the current step was written."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a finished run reports: the step it reached, the last logged training metrics, the
+    last evaluation (empty if none ran) and where its artefacts are."""
+
+    step: int
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+    model_dir: str
+    checkpoints: list[int]
+
+
+class RateWindow:
+    """Steps/s and tokens/s of the training loop, for the progress bar and metrics.jsonl.
+
+    Each rate spans the steps since the previous log, stretched back to cover at least
+    `min_seconds` (but not before the first step, which includes compilation; only the first log
+    reaches back to the loop's start). The host reads step k's metrics only after dispatching
+    step k + 1 and logging the step before, so the moment a read returns lags the step's end by
+    however long the host was busy; over a single-step window that lag can exceed the step
+    itself (a log_every=1 run read 4,042 steps/s for an 80 steps/s step). Over seconds the lag
+    at a span's two ends is small against the span.
+    """
+
+    def __init__(self, start: float, min_seconds: float = 2.0):
+        self.min_seconds = min_seconds
+        self._points = collections.deque([(start, 0, 0.0)])  # (time, steps, tokens), cumulative
+        self._last_log = self._points[0]
+
+    def add(self, now: float, tokens: float) -> None:
+        _, steps, total = self._points[-1]
+        self._points.append((now, steps + 1, total + tokens))
+
+    def rates(self) -> tuple[float, float]:
+        """(steps/s, tokens/s) ending at the newest point, which becomes the last log."""
+        now, steps, tokens = self._points[-1]
+        if self._last_log[1] == 0:  # the first log: everything since the loop started
+            start = self._last_log
+        else:
+            after_first = [p for p in self._points if p[1] >= 1]
+            old_enough = [p for p in after_first if now - p[0] >= self.min_seconds]
+            start = old_enough[-1] if old_enough else after_first[0]
+            start = min(start, self._last_log)  # by time: the earlier of the two
+        while self._points[0][0] < start[0]:
+            self._points.popleft()
+        self._last_log = self._points[-1]
+        elapsed = max(now - start[0], 1e-9)
+        return (steps - start[1]) / elapsed, (tokens - start[2]) / elapsed
+
+
 def train(
     *,
     model_dir: str,
     model_config: ModelConfig,
     task: str,
     sequence_length: Mapping[str, int],
-    feature_converter: seqio.FeatureConverter,
-    objective: Objective,
+    recipe: recipes.Built | recipes.RecipeChoice,
     optimizer: optax.GradientTransformation,
     learning_rate_fn: optax.Schedule,
     batch_size: int,
@@ -54,6 +103,7 @@ def train(
     keep_checkpoints: int = 3,
     log_every: int = 10,
     eval_every: int = 0,
+    final_eval: bool = True,
     eval_batches: int = input_pipeline.EVAL_BATCHES,
     eval_split: str = input_pipeline.EVAL_SPLIT,
     skip_nonfinite: bool = False,
@@ -62,15 +112,37 @@ def train(
     input_threads: int | None = None,
     input_nice: int | None = None,
     checkpoint_nice: int | None = None,
-) -> dict[str, float]:
-    """Trains `model_config` on `task` until `train_steps`, resuming from `model_dir` if it
-    holds checkpoints. Returns the last evaluation's metrics (empty if none ran).
+    checked: bool = False,
+) -> RunResult:
+    """Trains `model_config` on `task` with `recipe` (`recipes.make_recipe(name=...)`) until
+    `train_steps`, resuming from `model_dir` if it holds checkpoints.
+
+    `final_eval` evaluates at the last step when `eval_every` does not (the held-out figures the
+    run's summary prints). Before anything compiles the run is checked (`preflight.check_run`)
+    unless `checked` says the caller did (`lmsuite train` lists those problems with gin's).
 
     Raises:
+      ValueError: every configuration problem at once (task, recipe, vocabulary, lengths, mesh).
       NonFiniteLossError: a NaN/Inf loss without `skip_nonfinite` (the last good checkpoint is
         left untouched; nothing is saved after the bad step).
       Preempted: SIGTERM; a checkpoint of the current step was saved first.
     """
+    if not checked:
+        choice = recipe if isinstance(recipe, recipes.RecipeChoice) else None
+        found = preflight.check_run(
+            task=task,
+            recipe=choice,
+            sequence_length=sequence_length,
+            model_config=model_config,
+            batch_size=batch_size,
+            mesh_shape=mesh_shape,
+            num_microbatches=num_microbatches,
+            train_steps=train_steps,
+        )
+        preflight.raise_problems(found)
+    if isinstance(recipe, recipes.RecipeChoice):
+        recipe = recipes.build(recipe, model_config=model_config)
+    objective, feature_converter = recipe.objective, recipe.feature_converter
     model_dir_path = epath.Path(model_dir)  # local or gs://
     model_dir_path.mkdir(parents=True, exist_ok=True)
     is_main = jax.process_index() == 0
@@ -79,9 +151,21 @@ def train(
     data, fsdp, tensor = mesh_shape
     mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
 
+    # ------------------------------------------------------------------------------ data
+    # Built first (lazily: nothing is read yet): the model is initialised from its row shapes.
+    train_data = input_pipeline.process_dataset(
+        task=task,
+        sequence_length=sequence_length,
+        feature_converter=feature_converter,
+        global_batch_size=batch_size,
+        split="train",
+        seed=seed,
+        input_threads=input_threads,
+    )
+    example = report.example_inputs(train_data.element_spec)
+
     # --------------------------------------------------------------- model and optimizer
     model = Transformer(model_config)
-    example = report.example_inputs(objective, sequence_length, feature_converter)
 
     def init_params(rng):
         inputs = objective.model_inputs(example)
@@ -110,21 +194,13 @@ def train(
     start_step = int(state.step)
     log = MetricsLog(model_dir=model_dir_path, resume_step=start_step)
 
-    # ------------------------------------------------------------------------------ data
+    # ------------------------------------------------------------------------ input
     batch_shapes = {
         k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype) for k, v in example.items()
     }
     batch_sharding = step.batch_shardings(batch_shapes, mesh, rules=rules)
-    train_data = input_pipeline.process_dataset(
-        task=task,
-        sequence_length=sequence_length,
-        feature_converter=feature_converter,
-        global_batch_size=batch_size,
-        split="train",
-        seed=seed,
-        skip_batches=batches_consumed,
-        input_threads=input_threads,
-    )
+    if batches_consumed:  # a resumed run sees the batches it would have seen
+        train_data = train_data.skip(batches_consumed)
     batches = input_pipeline.Prefetcher(
         train_data,
         batch_sharding,
@@ -183,44 +259,50 @@ def train(
     if peak_flops_per_device is None:  # resolved now: on CPU it is measured, not while a step runs
         peak_flops_per_device = report.device_peak_flops()
     last_eval: dict[str, float] = {}
+    last_logged: dict[str, float] = {}
     bar = tqdm(
         total=train_steps, initial=start_step, disable=not (progress_bar and is_main), unit="step"
     )
-    window = {"start": time.perf_counter(), "tokens": 0.0, "steps": 0}
+    rates = RateWindow(time.perf_counter())
 
     def report_step(done: int, metrics: dict) -> None:
         """Reads one step's metrics: stops on NaN/Inf, logs every `log_every` steps."""
         host = jax.device_get(metrics)
-        window["tokens"] += float(host["num_tokens"])
-        window["steps"] += 1
+        rates.add(time.perf_counter(), float(host["num_tokens"]))
         if host["nonfinite"] and not skip_nonfinite:
+            committed = ckpt.committed_steps()
+            where = (
+                f"The last good checkpoint is step {max(committed)} in {ckpt.directory}"
+                if committed
+                else f"No checkpoint had been written yet (none in {ckpt.directory})"
+            )
             raise NonFiniteLossError(
                 f"loss is {float(host['loss'])} (grad_norm {float(host['grad_norm'])}) at "
-                f"step {done}; stopping without saving. The last good checkpoint is "
-                f"step {max(ckpt.committed_steps() or [0])} in {ckpt.directory}"
+                f"step {done}; stopping without saving. {where}"
             )
         bar.update(1)
         if done % log_every and done != train_steps:
             return
-        elapsed = time.perf_counter() - window["start"]
+        steps_per_sec, tokens_per_sec = rates.rates()
         scalars = {k: v for k, v in host.items() if k != "nonfinite"}
-        scalars["tokens_per_sec"] = window["tokens"] / elapsed
-        scalars["steps_per_sec"] = window["steps"] / elapsed
+        scalars["tokens_per_sec"] = tokens_per_sec
+        scalars["steps_per_sec"] = steps_per_sec
         scalars["input_wait_sec"] = batches.wait_seconds
         mfu = report.mfu(
             flops_per_step=flops_per_step,
-            steps_per_sec=window["steps"] / elapsed,
+            steps_per_sec=steps_per_sec,
             peak_flops_per_device=peak_flops_per_device,
         )
         if mfu is not None:
             scalars["mfu"] = mfu
         log.write(done, scalars)
+        last_logged.clear()
+        last_logged.update({k: float(v) for k, v in scalars.items()})
         bar.set_postfix(
             loss=f"{float(host['loss']):.4f}",
             tok_s=f"{scalars['tokens_per_sec']:.0f}",
             mfu="n/a" if mfu is None else f"{100 * mfu:.1f}%",
         )
-        window.update(start=time.perf_counter(), tokens=0.0, steps=0)
 
     try:
         pending = None  # (step, metrics) not yet read back
@@ -238,7 +320,9 @@ def train(
                 report_step(*pending)
             pending = (done, metrics)
             stop = preempted["flag"]
-            do_eval = bool(eval_every) and (done % eval_every == 0 or done == train_steps)
+            do_eval = (bool(eval_every) or final_eval) and (
+                (eval_every and done % eval_every == 0) or done == train_steps
+            )
             do_save = done % checkpoint_every == 0 or done == train_steps or stop
             if do_eval or do_save:
                 report_step(*pending)
@@ -251,6 +335,14 @@ def train(
             if stop:
                 ckpt.commit()
                 raise Preempted(f"SIGTERM at step {done}; saved checkpoint step {done}")
+        ckpt.commit()
+        result = RunResult(
+            step=max(start_step, train_steps),
+            train_metrics=dict(last_logged),
+            eval_metrics=dict(last_eval),
+            model_dir=str(model_dir_path),
+            checkpoints=ckpt.committed_steps(),
+        )
     finally:
         # ------------------------------------------------------------------------ finish
         signal.signal(signal.SIGTERM, previous_handler)
@@ -258,4 +350,4 @@ def train(
         batches.close()
         ckpt.close()
         log.close()
-    return last_eval
+    return result

@@ -4,36 +4,35 @@ import functools
 import io
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 from etils import epath
 
 from lmsuite.objectives import Objective
 
 
-def example_inputs(
-    objective: Objective,
-    sequence_length: Mapping[str, int],
-    feature_converter: seqio.FeatureConverter,
-) -> dict[str, np.ndarray]:
-    """A one-row batch of zeros with the converter's model features, for `model.init`.
+def example_inputs(element_spec: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A one-row batch of zeros shaped like a batched dataset's rows, for `model.init`.
 
-    Example: LMFeatureConverter, {"targets": 8} -> {"decoder_input_tokens": int32 (1, 8),
-    "decoder_target_tokens": int32 (1, 8), "decoder_loss_weights": int32 (1, 8)}.
+    Built from the `element_spec` of the run's own batched input, so every feature has its real
+    rank and dtype (a rank-0 label becomes (1,), XLNet's perm_mask (1, L, L)).
+
+    Example: {"decoder_input_tokens": TensorSpec((32, 8), int32)} -> {"decoder_input_tokens":
+    int32 zeros (1, 8)}.
     """
-    del objective
-    lengths = feature_converter.get_model_feature_lengths(dict(sequence_length))
-    specs = dict(feature_converter.MODEL_FEATURES)
-    packing = dict(getattr(feature_converter, "PACKING_FEATURE_DTYPES", None) or {})
     out = {}
-    for name, length in lengths.items():
-        tf_dtype = specs[name].dtype if name in specs else packing.get(name)
-        dtype = np.float32 if tf_dtype is not None and tf_dtype.is_floating else np.int32
-        out[name] = np.zeros((1, length), dtype)
+    for name, spec in element_spec.items():
+        shape = tuple(spec.shape)
+        if not shape or any(d is None for d in shape[1:]):
+            raise ValueError(
+                f"feature {name!r} has shape {shape} in the batched input; expected a batch "
+                "dimension and static sizes after it (the feature converter pads them)"
+            )
+        dtype = np.float32 if spec.dtype.is_floating else np.int32
+        out[name] = np.zeros((1,) + shape[1:], dtype)
     return out
 
 
@@ -158,6 +157,65 @@ def majority_baseline(
             counts[int(token)] = counts.get(int(token), 0.0) + float(weight)
     total = sum(counts.values())
     return max(counts.values()) / total if total else None
+
+
+class Baselines(NamedTuple):
+    """What a model that ignores its input scores on held-out predictions."""
+
+    majority: float | None  # accuracy of always the most frequent held-out target
+    unigram_cross_entropy: float | None  # nats per held-out target under train-split unigrams
+    held_out_targets: int
+    train_targets: int
+
+
+def _target_counts(batches, targets: str, weights: str) -> np.ndarray | None:
+    counts = None
+    for batch in batches:
+        if targets not in batch or weights not in batch:
+            return None
+        ids, w = np.asarray(batch[targets]).ravel(), np.asarray(batch[weights]).ravel()
+        row = np.bincount(ids[w > 0], minlength=1).astype(np.float64)
+        if counts is None:
+            counts = row
+        else:
+            size = max(len(counts), len(row))
+            counts = np.pad(counts, (0, size - len(counts))) + np.pad(row, (0, size - len(row)))
+    return counts
+
+
+def baselines(
+    held_out: Iterable[Mapping[str, np.ndarray]],
+    *,
+    train_batches: Iterable[Mapping[str, np.ndarray]],
+    targets: str,
+    weights: str,
+    vocab_size: int,
+) -> Baselines:
+    """The majority-class accuracy on `held_out` and its cross-entropy under the unigram
+    distribution of the train split's targets (add-one smoothed over `vocab_size` ids, so a
+    held-out target never seen in training costs log(N + V), not infinity).
+
+    A model below that cross-entropy and above that accuracy uses its input, not only the
+    target frequencies.
+
+    >>> baselines([{"t": np.array([[5, 5, 7]]), "w": np.array([[1, 1, 1]])}],
+    ...           train_batches=[{"t": np.array([[5, 7, 7, 7]]), "w": np.ones((1, 4))}],
+    ...           targets="t", weights="w", vocab_size=8).majority
+    0.6666666666666666
+    """
+    held = _target_counts(held_out, targets, weights)
+    train = _target_counts(train_batches, targets, weights)
+    if held is None or held.sum() == 0:
+        return Baselines(None, None, 0, 0 if train is None else int(train.sum()))
+    majority = float(held.max() / held.sum())
+    if train is None or train.sum() == 0:
+        return Baselines(majority, None, int(held.sum()), 0)
+    size = max(vocab_size, len(held), len(train))
+    train = np.pad(train, (0, size - len(train)))
+    held = np.pad(held, (0, size - len(held)))
+    log_p = np.log(train + 1.0) - np.log(train.sum() + size)
+    unigram = float(-(held * log_p).sum() / held.sum())
+    return Baselines(majority, unigram, int(held.sum()), int(train.sum()))
 
 
 def plot_loss_curve(

@@ -48,8 +48,8 @@ def test_typos_in_bindings_and_macros_are_listed_with_nearest_names(capsys, tmp_
 def test_two_missing_required_macros_are_both_listed(capsys, tmp_path):
     gin_file = tmp_path / "partial.gin"
     gin_file.write_text(
-        "include 'models/bert_tiny.gin'\ninclude 'objectives/bert_mlm.gin'\n"
-        "include 'runs/pretrain.gin'\nTRAIN_STEPS = 5\n"
+        "include 'models/bert_tiny.gin'\n"
+        "include 'runs/pretrain.gin'\nTRAIN_STEPS = 5\nRECIPE = 'bert_mlm'\n"
         "SEQUENCE_LENGTH = {'input_ids': 32, 'masked_ids': 5}\n"
     )
     errors = _errors(capsys, tmp_path, f"--gin_file={gin_file}")
@@ -133,7 +133,7 @@ def test_pretrain_prints_artifacts_and_accuracy_against_the_majority_baseline(ca
     held_out = input_pipeline.process_dataset(
         task=kwargs["task"],
         sequence_length=kwargs["sequence_length"],
-        feature_converter=kwargs["feature_converter"],
+        feature_converter=kwargs["recipe"].feature_converter,
         global_batch_size=kwargs["batch_size"],
         split="validation",
         shuffle=False,

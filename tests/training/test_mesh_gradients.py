@@ -120,3 +120,91 @@ def test_xla_contracted_and_output_sharded_dot_canary():
         jax.device_put(w, NamedSharding(mesh, PartitionSpec("tensor", "fsdp"))),
     )
     np.testing.assert_allclose(np.asarray(got), x @ w, rtol=1e-5, atol=1e-4)
+
+
+def _seq2seq_batch(config, seed=0):
+    """A packed EncDecFeatureConverter batch: two examples per row, padded tails."""
+    rs = np.random.RandomState(seed)
+    enc_len, dec_len = LENGTH, LENGTH // 2
+
+    def packed(length, split, pad):
+        segments = np.where(np.arange(length) < split, 1, 2) * (np.arange(length) < length - pad)
+        starts = np.where(segments == 2, split, 0)
+        return segments, np.where(segments > 0, np.arange(length) - starts, 0)
+
+    batch = {k: [] for k in ("enc_seg", "enc_pos", "dec_seg", "dec_pos")}
+    for row in range(BATCH):
+        for prefix, length in (("enc", enc_len), ("dec", dec_len)):
+            split = rs.randint(2, length - 3)
+            segments, positions = packed(length, split, pad=row % 3)
+            batch[f"{prefix}_seg"].append(segments)
+            batch[f"{prefix}_pos"].append(positions)
+    enc_seg, dec_seg = np.array(batch["enc_seg"]), np.array(batch["dec_seg"])
+    targets = rs.randint(5, config.vocab_size, (BATCH, dec_len)) * (dec_seg > 0)
+    inputs = np.roll(targets, 1, axis=1) * (np.roll(dec_seg, 1, axis=1) == dec_seg)
+    out = {
+        "encoder_input_tokens": rs.randint(5, config.vocab_size, (BATCH, enc_len)) * (enc_seg > 0),
+        "decoder_input_tokens": inputs,
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": (dec_seg > 0),
+        "encoder_segment_ids": enc_seg,
+        "encoder_positions": np.array(batch["enc_pos"]),
+        "decoder_segment_ids": dec_seg,
+        "decoder_positions": np.array(batch["dec_pos"]),
+    }
+    return {k: np.asarray(v, np.int32) for k, v in out.items()}
+
+
+def _seq2seq_gradients(config, params, batch, mesh):
+    from lmsuite.objectives import seq2seq
+    from lmsuite.training import step
+
+    model = Transformer(config)
+    specs = nn.get_partition_spec(params)
+    param_shardings = partitioning.tree_shardings(specs, mesh)
+    batch_shardings = step.batch_shardings(batch, mesh, rules=partitioning.DEFAULT_RULES)
+    objective = seq2seq.seq2seq(label_smoothing=0.1)
+
+    def grads(p, b):
+        _, _, g = step.loss_and_grads(
+            p, b, jax.random.PRNGKey(0), apply_fn=model.apply, objective=objective
+        )
+        return g
+
+    values = nn.meta.unbox(params)  # outside the mesh: unboxing there adds constraints
+    with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.DEFAULT_RULES):
+        out = jax.jit(grads, in_shardings=(param_shardings, batch_shardings))(
+            jax.device_put(values, param_shardings),
+            jax.device_put(batch, batch_shardings),
+        )
+    return jax.tree.map(np.asarray, out)
+
+
+@needs_8
+@pytest.mark.parametrize("family", ["t5_tiny", "t5_1_1_tiny", "bart_tiny"])
+def test_seq2seq_step_gradients_on_a_mesh_equal_one_device(family):
+    """The seq2seq loss (packed, z-loss, label smoothing) through the step's gradient function:
+    data-parallel normalisers and the segment-aware masks must not change under sharding."""
+    config = cli.model_config_from_gin([f"models/{family}.gin"]).replace(
+        max_length=max(LENGTH, 32), dropout_rate=0.0, attention_dropout_rate=0.0
+    )
+    batch = _seq2seq_batch(config)
+    from lmsuite.objectives import seq2seq
+
+    inputs = seq2seq.seq2seq().model_inputs(batch)
+    params = Transformer(config).init(jax.random.PRNGKey(0), **inputs)["params"]
+    one = _seq2seq_gradients(
+        config, params, batch, partitioning.make_mesh(devices=jax.devices()[:1])
+    )
+    mesh = partitioning.make_mesh(data=2, fsdp=2, tensor=2)
+    sharded = _seq2seq_gradients(config, params, batch, mesh)
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(one))
+    assert scale > 0
+    bad = {
+        jax.tree_util.keystr(path): float(np.abs(a - b).max()) / scale
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(sharded), jax.tree.leaves(one), strict=True
+        )
+        if float(np.abs(a - b).max()) > 1e-5 * scale
+    }
+    assert not bad, bad

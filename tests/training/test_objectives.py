@@ -27,6 +27,24 @@ def test_binary_cross_entropy_docstring_example():
     assert float(sums.correct) == 2.0
 
 
+def test_rtd_labels_are_where_the_corrupted_input_differs_from_the_original():
+    """A generator sample equal to the original counts as real (ELECTRA); padding is ignored."""
+    batch = {
+        "replaced_ids": jnp.asarray([[2, 9, 7, 3, 0]]),
+        "original_ids": jnp.asarray([[2, 8, 7, 3, 0]]),
+    }
+    objective = make_objective(name="rtd")
+    logits = jnp.asarray([[-3.0, 4.0, 1.0, -2.0, 9.0]])
+    loss, metrics = objective.loss_and_metrics(
+        {"rtd_logits": logits}, batch, objective.denominators(batch)
+    )
+    labels = np.array([0.0, 1.0, 0.0, 0.0])
+    per_token = jax.nn.softplus(logits[0, :4]) - labels * logits[0, :4]
+    np.testing.assert_allclose(metrics["rtd_loss"], per_token.mean(), rtol=1e-6)
+    np.testing.assert_allclose(loss, 50.0 * per_token.mean(), rtol=1e-6)
+    assert float(metrics["rtd_accuracy"]) == 0.75  # token 2's logit 1.0 says replaced
+
+
 def _mlm_nsp_case(rows):
     rs = np.random.RandomState(0)
     batch = {

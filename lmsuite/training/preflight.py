@@ -1,0 +1,210 @@
+"""Checks of a run that need its evaluated values, made before anything compiles.
+
+`check_run` returns every problem at once (the task, its data, its vocabulary against the model,
+the recipe, the batch against the mesh, the lengths against the position table) plus warnings
+that do not stop a run. `lmsuite train` lists them together with gin's typos; `loop.train`
+raises on the problems for callers that skip the CLI.
+"""
+
+import dataclasses
+import difflib
+from collections.abc import Mapping, Sequence
+
+import seqio
+
+from lmsuite.models import ModelConfig
+from lmsuite.training import recipes
+
+
+@dataclasses.dataclass
+class Findings:
+    problems: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+def _nearest(name: str, options) -> str:
+    close = difflib.get_close_matches(name, sorted(set(options)), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _vocab_size(vocabulary) -> int:
+    """The number of ids, without training or loading a lazy corpus vocabulary."""
+    from lmsuite.data import vocab as vocab_lib
+
+    if isinstance(vocabulary, vocab_lib.CorpusVocabulary):
+        return vocabulary.size + vocabulary.extra_ids
+    return int(vocabulary.vocab_size)
+
+
+def tfds_data_dir() -> str:
+    """The directory SeqIO reads TFDS data from (`--tfds_data_dir`, $TFDS_DATA_DIR or TFDS's
+    default)."""
+    import tensorflow_datasets as tfds
+
+    override = seqio.utils._TFDS_DATA_DIR_OVERRIDE
+    return override or tfds.core.constants.data_dir()
+
+
+def unprepared_tfds(corpus_name: str) -> str | None:
+    """For a TFDS corpus whose data is not prepared: how to prepare it; otherwise None."""
+    import tensorflow_datasets as tfds
+
+    from lmsuite.data import corpora
+
+    corpus = corpora.get_corpus(corpus_name)
+    if not isinstance(corpus, corpora.TfdsCorpus):
+        return None
+    data_dir = tfds_data_dir()
+    builder = tfds.builder(corpus.tfds_name, data_dir=data_dir)
+    if builder.is_prepared():
+        return None
+    return (
+        f"corpus {corpus_name!r} reads TFDS dataset {corpus.tfds_name!r}, which is not prepared "
+        f"in the data dir {data_dir!r} (nothing at {builder.data_dir}). Prepare it once with "
+        f"`tfds build {corpus.tfds_name} --data_dir={data_dir}` (see the README, 'Production "
+        "corpora'), or point --tfds_data_dir (or $TFDS_DATA_DIR) at a directory or gs:// bucket "
+        "that holds it"
+    )
+
+
+def _sub_tasks(provider) -> list[seqio.Task]:
+    if isinstance(provider, seqio.Mixture):
+        return list(provider.tasks)
+    return [provider]
+
+
+def _task_features(task: seqio.Task, sequence_length) -> tuple[dict | None, str | None]:
+    """(the features of the task's examples, or None; a problem building them, or None)."""
+    try:
+        dataset = task.get_dataset(dict(sequence_length), split="train", shuffle=False)
+    except Exception as error:  # the task's own preprocessors decide what fails; report it
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return None, f"task {task.name!r} could not be built: {type(error).__name__}: {first}"
+    return dict(dataset.element_spec), None
+
+
+def check_run(
+    *,
+    task: str | None,
+    recipe: recipes.RecipeChoice | None,
+    sequence_length: Mapping[str, int] | None,
+    model_config: ModelConfig | None,
+    batch_size: int | None = None,
+    mesh_shape: Sequence[int] = (-1, 1, 1),
+    num_microbatches: int = 1,
+    train_steps: int | None = None,
+    device_count: int | None = None,
+) -> Findings:
+    """Every problem of a run's evaluated configuration (see the module docstring).
+
+    Arguments that are None (not evaluated: a typo elsewhere, an unset macro) skip the checks
+    that need them.
+    """
+    from lmsuite.data import tasks as tasks_lib
+
+    found = Findings()
+    problems = found.problems
+    lengths = dict(sequence_length or {})
+
+    provider = None
+    if task is not None:
+        names = seqio.TaskRegistry.names() | seqio.MixtureRegistry.names()
+        if task not in names:
+            problems.append(f"unknown task {task!r}{_nearest(task, names)}")
+        else:
+            provider = seqio.get_mixture_or_task(task)
+
+    if provider is not None:
+        for sub in _sub_tasks(provider):
+            corpus, objective = tasks_lib.PRETRAINING_TASKS.get(sub.name, (None, None))
+            if model_config is not None:
+                _vocabulary_checks(found, sub, corpus, model_config)
+            if corpus is not None:
+                how = unprepared_tfds(corpus)
+                if how is not None:
+                    problems.append(f"task {sub.name!r}: {how}")
+                    continue
+            if recipe is not None:
+                features = None
+                if objective is None and sequence_length is not None:
+                    features, problem = _task_features(sub, lengths)
+                    if problem is not None:
+                        problems.append(problem)
+                        continue
+                problems.extend(
+                    recipes.task_problems(
+                        recipe, task_name=sub.name, task_objective=objective, task_features=features
+                    )
+                )
+    if recipe is not None:
+        problems.extend(
+            recipes.run_problems(recipe, sequence_length=sequence_length, model_config=model_config)
+        )
+
+    if train_steps is not None and train_steps < 1:
+        problems.append(f"train_steps must be >= 1, got {train_steps}")
+    _batch_checks(problems, batch_size, mesh_shape, num_microbatches, device_count)
+    if model_config is not None:
+        for feature in ("input_ids", "targets", "inputs"):
+            if feature in lengths and lengths[feature] > model_config.max_positions:
+                problems.append(
+                    f"sequence_length[{feature!r}] = {lengths[feature]} is longer than the "
+                    f"position table (ModelConfig max_positions = {model_config.max_positions})"
+                )
+    return found
+
+
+def _vocabulary_checks(found: Findings, task: seqio.Task, corpus, config: ModelConfig) -> None:
+    from lmsuite.data import corpora
+    from lmsuite.data import tasks as tasks_lib
+
+    sizes = {name: _vocab_size(f.vocabulary) for name, f in task.output_features.items()}
+    if not sizes:
+        return
+    size = max(sizes.values())
+    if config.vocab_size < size:
+        found.problems.append(
+            f"ModelConfig.vocab_size = {config.vocab_size} is smaller than the vocabulary of task "
+            f"{task.name!r} ({size} ids); set --gin.ModelConfig.vocab_size={size}, or train on a "
+            f"task whose vocabulary has at most {config.vocab_size} ids"
+        )
+    elif (
+        corpus is not None
+        and isinstance(corpora.get_corpus(corpus), corpora.TfdsCorpus)
+        and config.vocab_size != size
+    ):
+        default = tasks_lib.default_vocabulary(corpus)
+        found.warnings.append(
+            f"task {task.name!r} tokenizes with the default production vocabulary "
+            f"({default.corpus}, {size} ids), but ModelConfig.vocab_size = {config.vocab_size}: "
+            f"ids {size}..{config.vocab_size - 1} are never seen. Register the task with your "
+            "vocabulary (lmsuite.data.tasks.build_task(corpus, objective, vocab=...)) in a "
+            "--task_module, or set ModelConfig.vocab_size"
+        )
+
+
+def _batch_checks(problems, batch_size, mesh_shape, num_microbatches, device_count) -> None:
+    import jax
+
+    if batch_size is None:
+        return
+    data, fsdp, tensor = mesh_shape
+    devices = jax.device_count() if device_count is None else device_count
+    if data == -1 and devices % max(fsdp * tensor, 1) == 0:
+        data = devices // (fsdp * tensor)
+    if data > 0 and batch_size % (data * fsdp):
+        problems.append(
+            f"batch_size {batch_size} is not divisible by the batch axes data*fsdp = "
+            f"{data}*{fsdp} = {data * fsdp} (mesh_shape {tuple(mesh_shape)})"
+        )
+    if num_microbatches and batch_size % num_microbatches:
+        problems.append(
+            f"batch_size {batch_size} is not divisible by num_microbatches {num_microbatches}"
+        )
+
+
+def raise_problems(found: Findings, *, what: str = "run") -> None:
+    """Raises a ValueError listing every problem (the library path; the CLI prints them)."""
+    if found.problems:
+        lines = "\n".join(f"  - {p}" for p in found.problems)
+        raise ValueError(f"this {what} cannot start:\n{lines}")

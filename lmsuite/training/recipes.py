@@ -1,0 +1,534 @@
+"""Recipes: the one place where a task, its feature converter, its loss and the model meet.
+
+A row names the task objectives it accepts (`lmsuite.data.tasks.OBJECTIVES`, or any task whose
+examples carry the row's features), the sequence-length keys, the feature converter, the loss with
+the features it reads, and the architectures and heads the model needs. Gin picks a row by name
+(`RECIPE = 't5_span_corruption'`, `train.recipe = @make_recipe()` in `gin/runs/pretrain.gin`),
+`lmsuite train` checks the run against it before anything compiles (`problems`), and
+`tests/training/test_recipes.py` trains every row for two steps through the CLI. Objectives that
+have data but no trainable recipe yet are listed in `DATA_ONLY`, each with the reason, so nothing
+is data-only without the table saying so.
+
+  >>> choice = make_recipe(name="t5_span_corruption")
+  >>> built = build(choice, model_config=config)       # after `problems(...)` came back empty
+  >>> built.feature_converter, built.objective          # EncDecFeatureConverter(pack=True), seq2seq
+"""
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import seqio
+
+from lmsuite import objectives as losses
+from lmsuite.data import feature_converters as fc
+from lmsuite.data import vocab as vocab_lib
+from lmsuite.data.preprocessors import mlm as mlm_lib
+from lmsuite.data.preprocessors import span_corruption, spanbert
+from lmsuite.models import ModelConfig
+from lmsuite.objectives import Objective, seq2seq
+
+ENCODER_MLM_FEATURES = ("input_ids", "masked_positions", "masked_ids", "masked_weights")
+SEQ2SEQ_METRICS = tuple(
+    f"seq2seq_{m}" for m in ("loss", "accuracy", "cross_entropy", "z_loss", "sequence_accuracy")
+)
+
+
+def _mlm_lengths(length: int) -> dict[str, int]:
+    return {"input_ids": length, "masked_ids": mlm_lib.electra_max_predictions(length)}
+
+
+def _span_corruption_lengths(length: int) -> dict[str, int]:
+    return {
+        "inputs": length,
+        "targets": span_corruption.random_spans_helper(inputs_length=length)[1],
+    }
+
+
+def _mass_targets(inputs_length: int) -> int:
+    """The longest MASS fragment of a source of at most `inputs_length` tokens: round(L / 2)."""
+    return max(1, round(0.5 * inputs_length))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """One trainable objective.
+
+    Attributes:
+      name: what `RECIPE` selects.
+      summary: one line for `lmsuite recipes list`.
+      objectives: task objectives (`lmsuite.data.tasks.OBJECTIVES`) this row trains.
+      length_keys: the sequence-length keys the task and converter need.
+      lengths_for: L -> a complete sequence_length for inputs of length L (tests, benchmarks).
+      task_features: features the task's examples must carry (before the converter).
+      converter: (pack) -> the feature converter; `pack` is the default packing.
+      loss: the loss factory (`lmsuite.objectives`); `loss_options` its defaults for this row.
+      loss_features: model features the loss reads (the converter must emit them).
+      architectures, heads: what the model needs (`ModelConfig.architecture` / `.heads`).
+      token_types: "none" (the loss feeds no token types), "optional" (fed only to models with
+        type_vocab_size > 0; single-segment rows) or "pairs" (two segments: type_vocab_size >= 2).
+      metrics: what each step reports besides loss, grad_norm, ... (the matrix test checks them).
+      prediction_features: (targets, weights) of the batch: what the baselines count.
+      learning_metrics: (accuracy, cross-entropy) metric names compared with the baselines.
+      prediction_name: how the summary names the predictions ("MLM", "target", "LM").
+      example_model: a compatible `gin/models/*_tiny.gin` (+ bindings) for tests and docs.
+      check_lengths: optional sequence_length -> problems specific to this row.
+      reference: the paper code this row follows; `differences` what lmsuite does otherwise.
+    """
+
+    name: str
+    summary: str
+    objectives: tuple[str, ...]
+    length_keys: tuple[str, ...]
+    lengths_for: Callable[[int], dict[str, int]]
+    task_features: tuple[str, ...]
+    converter: Callable[..., seqio.FeatureConverter]
+    pack: bool
+    loss: Callable[..., Objective]
+    loss_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    loss_features: tuple[str, ...]
+    architectures: tuple[str, ...]
+    heads: tuple[str, ...]
+    token_types: str = "none"
+    metrics: tuple[str, ...]
+    prediction_features: tuple[str, str] = ("decoder_target_tokens", "decoder_loss_weights")
+    learning_metrics: tuple[str, str] = ("seq2seq_accuracy", "seq2seq_cross_entropy")
+    prediction_name: str = "target"
+    example_model: str
+    example_bindings: tuple[str, ...] = ()
+    check_lengths: Callable[[Mapping[str, int]], list[str]] | None = None
+    reference: str = ""
+    differences: str = ""
+
+    def model_features(self, *, pack: bool) -> set[str]:
+        """The features its converter emits (packing features included when `pack`)."""
+        converter = self.converter(pack=pack)
+        names = set(converter.MODEL_FEATURES)
+        if pack:
+            names |= set(getattr(converter, "PACKING_FEATURE_DTYPES", None) or {})
+        return names
+
+    def can_pack(self) -> bool:
+        try:
+            self.converter(pack=True)
+        except ValueError:
+            return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOnly:
+    """A task objective whose data exists but that no recipe trains yet, and why."""
+
+    objective: str
+    reason: str
+    converter: Callable[..., seqio.FeatureConverter]
+    lengths_for: Callable[[int], dict[str, int]]
+
+
+def _encoder_mlm(**kwargs) -> Callable[..., seqio.FeatureConverter]:
+    return functools.partial(fc.EncoderMlmFeatureConverter, **kwargs)
+
+
+def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
+    raw, needed = span_corruption.random_spans_helper(inputs_length=int(lengths["inputs"]))
+    if int(lengths["targets"]) < needed:
+        return [
+            f"sequence_length['targets'] = {lengths['targets']} is too short for span corruption "
+            f"of inputs {lengths['inputs']}: t5's random_spans_helper gives targets {needed} "
+            f"(raw chunks of {raw} tokens, 15% noise in spans of mean 3); set "
+            f"SEQUENCE_LENGTH = {{'inputs': {lengths['inputs']}, 'targets': {needed}}}"
+        ]
+    return []
+
+
+def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
+    needed = _mass_targets(int(lengths["inputs"]))
+    if int(lengths["targets"]) < needed:
+        return [
+            f"sequence_length['targets'] = {lengths['targets']} is shorter than the longest MASS "
+            f"fragment of inputs {lengths['inputs']} (half the source: {needed}); set targets "
+            f">= {needed}"
+        ]
+    return []
+
+
+def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> Recipe:
+    defaults = dict(
+        length_keys=("inputs", "targets"),
+        task_features=("inputs", "targets"),
+        converter=seqio.EncDecFeatureConverter,
+        pack=True,
+        loss=seq2seq.seq2seq,
+        loss_features=seq2seq.FEATURES,
+        architectures=("encoder_decoder",),
+        heads=("lm",),
+        metrics=SEQ2SEQ_METRICS,
+    )
+    return Recipe(
+        name=name,
+        summary=summary,
+        objectives=(objective,),
+        lengths_for=lengths_for,
+        example_model=model,
+        **(defaults | kwargs),
+    )
+
+
+def _mlm_row(name, summary, *, objectives, label=None, model="bert_tiny", **kwargs) -> Recipe:
+    labels = () if label is None else (label,)
+    return Recipe(
+        name=name,
+        summary=summary,
+        objectives=objectives,
+        length_keys=("input_ids", "masked_ids"),
+        lengths_for=_mlm_lengths,
+        task_features=ENCODER_MLM_FEATURES + labels,
+        converter=_encoder_mlm(labels=labels),
+        pack=False,
+        loss=losses.mlm,
+        loss_options={} if label is None else {"sentence_label": label},
+        loss_features=("input_ids", "input_mask", "masked_positions", "masked_ids")
+        + ("masked_weights",)
+        + labels,
+        architectures=("encoder",),
+        heads=("mlm",) if label is None else ("mlm", "classifier"),
+        token_types="optional" if label is None else "pairs",
+        metrics=("mlm_loss", "mlm_accuracy")
+        + (() if label is None else ("sentence_loss", "sentence_accuracy")),
+        prediction_features=("masked_ids", "masked_weights"),
+        learning_metrics=("mlm_accuracy", "mlm_loss"),
+        prediction_name="MLM",
+        example_model=model,
+        **kwargs,
+    )
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        _mlm_row(
+            "bert_mlm",
+            "masked LM on gathered predictions (BERT/RoBERTa; whole-word and ERNIE masking)",
+            objectives=("bert_mlm", "wwm", "ernie"),
+            reference="google-research/bert run_pretraining.py (get_masked_lm_output)",
+            differences="dynamic masking (RoBERTa) by default; documents cut into fixed-stride "
+            "[CLS] chunk [SEP] rows, not sentence-aligned pairs",
+        ),
+        _mlm_row(
+            "bert_mlm_nsp",
+            "masked LM + next-sentence prediction (BERT)",
+            objectives=("bert_mlm_nsp",),
+            label="next_sentence_label",
+            reference="google-research/bert run_pretraining.py (get_next_sentence_output)",
+        ),
+        _mlm_row(
+            "albert_sop",
+            "n-gram masked LM + sentence-order prediction (ALBERT)",
+            objectives=("albert_sop",),
+            label="sentence_order_label",
+            model="albert_tiny",
+            reference="google-research/albert run_pretraining.py (SOP through the NSP head)",
+        ),
+        Recipe(
+            name="causal_lm",
+            summary="left-to-right LM, packed (GPT-2)",
+            objectives=("causal_lm",),
+            length_keys=("targets",),
+            lengths_for=lambda n: {"targets": n},
+            task_features=("targets",),
+            converter=seqio.LMFeatureConverter,
+            pack=True,
+            loss=losses.causal_lm,
+            loss_features=("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"),
+            architectures=("decoder",),
+            heads=("lm",),
+            metrics=("lm_loss", "lm_accuracy"),
+            learning_metrics=("lm_accuracy", "lm_loss"),
+            prediction_name="LM",
+            example_model="gpt2_tiny",
+            reference="t5 preprocessors (causal LM); seqio LMFeatureConverter",
+        ),
+        Recipe(
+            name="decoder_prefix_lm",
+            summary="prefix LM on a decoder-only model: bidirectional prefix, causal rest (T5)",
+            objectives=("prefix_lm",),
+            length_keys=("inputs", "targets"),
+            lengths_for=lambda n: {"inputs": n // 2, "targets": n // 2},
+            task_features=("inputs", "targets"),
+            converter=seqio.PrefixLMFeatureConverter,
+            pack=True,
+            loss=losses.prefix_lm,
+            loss_features=(
+                "decoder_input_tokens",
+                "decoder_target_tokens",
+                "decoder_loss_weights",
+                "decoder_causal_attention",
+            ),
+            architectures=("prefix_lm",),
+            heads=("lm",),
+            metrics=("lm_loss", "lm_accuracy"),
+            learning_metrics=("lm_accuracy", "lm_loss"),
+            prediction_name="LM",
+            example_model="gpt2_tiny",
+            example_bindings=("ModelConfig.architecture = 'prefix_lm'",),
+            reference="t5 preprocessors.prefix_lm; seqio PrefixLMFeatureConverter",
+        ),
+        _seq2seq_row(
+            "t5_span_corruption",
+            "t5_span_corruption",
+            "T5 span corruption: 15% noise in spans of mean 3, one sentinel per span",
+            lengths_for=_span_corruption_lengths,
+            model="t5_1_1_tiny",
+            check_lengths=_spans_fit,
+            reference="t5 preprocessors.span_corruption; t5x EncoderDecoderModel.loss_fn",
+        ),
+        _seq2seq_row(
+            "iid_denoising",
+            "iid_denoising",
+            "T5 i.i.d. denoising: each token noise with probability 0.15",
+            lengths_for=lambda n: {"inputs": n, "targets": n // 2},
+            model="t5_tiny",
+            reference="t5 preprocessors.iid_denoising",
+        ),
+        _seq2seq_row(
+            "prefix_lm",
+            "prefix_lm",
+            "T5's prefix LM, encoder-decoder: the encoder reads a prefix, the decoder the rest",
+            lengths_for=lambda n: {"inputs": n, "targets": n},
+            model="t5_tiny",
+            reference="t5 preprocessors.prefix_lm",
+        ),
+        _seq2seq_row(
+            "bart_denoising",
+            "bart_denoising",
+            "BART: sentence permutation + text infilling (Poisson(3) spans, 30%)",
+            lengths_for=lambda n: {"inputs": n, "targets": n},
+            model="bart_tiny",
+            loss_options={"z_loss": 0.0},
+            reference="fairseq denoising_dataset.py; fairseq cross_entropy criterion (no z-loss)",
+        ),
+        _seq2seq_row(
+            "mass",
+            "mass",
+            "MASS: the encoder masks a fragment of half the sentence, the decoder predicts it",
+            lengths_for=lambda n: {"inputs": n, "targets": _mass_targets(n)},
+            task_features=("inputs", "targets", "decoder_input_tokens", "decoder_positions"),
+            converter=lambda pack: fc.MassFeatureConverter(pack=pack),
+            loss_options={"z_loss": 0.0, "cross_attention_ignores": vocab_lib.MASK_ID},
+            loss_features=seq2seq.FEATURES + ("decoder_positions",),
+            model="bart_tiny",
+            check_lengths=_mass_fits,
+            reference="microsoft/MASS MASS-unsupNMT/src/trainer.py (mass_step)",
+        ),
+    ]
+}
+
+DATA_ONLY: dict[str, DataOnly] = {
+    d.objective: d
+    for d in [
+        DataOnly(
+            "spanbert",
+            "needs the span boundary objective head (the encoder-objectives issue)",
+            _encoder_mlm(span_features=spanbert.SBO_KEYS),
+            _mlm_lengths,
+        ),
+        DataOnly(
+            "structbert",
+            "needs the word-structure loss and the 3-way sentence head (the encoder-objectives "
+            "issue)",
+            _encoder_mlm(labels=("sentence_relation_label",)),
+            _mlm_lengths,
+        ),
+        DataOnly(
+            "electra",
+            "needs one step that trains a generator and a discriminator together; the "
+            "replaced-token labels come from the generator's samples inside that step (the "
+            "encoder-objectives issue)",
+            _encoder_mlm(),
+            _mlm_lengths,
+        ),
+        DataOnly(
+            "unilm",
+            "no model code applies the per-mode attention masks yet (the encoder-objectives issue)",
+            _encoder_mlm(labels=("unilm_mode", "source_length")),
+            _mlm_lengths,
+        ),
+        DataOnly(
+            "xlnet_plm",
+            "needs the two-stream XLNet architecture (the XLNet issue)",
+            fc.PermutationLmFeatureConverter,
+            lambda n: {"input_k": n, "target": round((n - 3) / 6)},
+        ),
+    ]
+}
+
+
+# ------------------------------------------------------------------------------- choosing
+@dataclasses.dataclass(frozen=True)
+class RecipeChoice:
+    """What gin chose: a row, its packing and loss options (see `make_recipe`)."""
+
+    recipe: Recipe
+    pack: bool
+    loss_options: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A recipe made concrete for one model: the converter and the loss the run uses."""
+
+    recipe: Recipe
+    feature_converter: seqio.FeatureConverter
+    objective: Objective
+    pack: bool
+
+
+def _nearest(name: str, options: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def get(name: str) -> Recipe:
+    """The row called `name`; a ValueError names the rows (and the closest one)."""
+    if name not in RECIPES:
+        pending = f" ({name!r} is data-only: {DATA_ONLY[name].reason})" if name in DATA_ONLY else ""
+        raise ValueError(
+            f"unknown recipe {name!r}{_nearest(name, list(RECIPES))}{pending}; the recipes are "
+            f"{sorted(RECIPES)}"
+        )
+    return RECIPES[name]
+
+
+def loss_parameters(recipe: Recipe) -> list[str]:
+    """The options its loss factory takes (what `loss_options` may set)."""
+    return [p for p in inspect.signature(recipe.loss).parameters if p != "name"]
+
+
+def make_recipe(
+    *, name: str, pack: bool | None = None, loss_options: Mapping[str, Any] | None = None
+) -> RecipeChoice:
+    """Selects the row `name`; `pack` overrides its default packing; `loss_options` its loss's
+    keyword options (e.g. {'z_loss': 0.0, 'label_smoothing': 0.1}).
+
+    Raises:
+      ValueError: an unknown row or loss option (naming the valid ones), or packing a row whose
+        converter cannot pack.
+    """
+    recipe = get(name)
+    options = dict(loss_options or {})
+    valid = loss_parameters(recipe)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"recipe {name!r}: loss option(s) {unknown} are not options of its loss "
+            f"{recipe.loss.__module__}.{recipe.loss.__name__}; expected some of {valid}"
+        )
+    pack = recipe.pack if pack is None else bool(pack)
+    if pack and not recipe.can_pack():
+        raise ValueError(
+            f"recipe {name!r} cannot pack (its sentence-level labels are one per row); "
+            "set make_recipe.pack = False"
+        )
+    return RecipeChoice(recipe=recipe, pack=pack, loss_options={**recipe.loss_options, **options})
+
+
+def build(choice: RecipeChoice, *, model_config: ModelConfig) -> Built:
+    """The converter and loss of `choice` for `model_config` (token types only where the model
+    has a type table)."""
+    recipe = choice.recipe
+    options = dict(choice.loss_options)
+    if recipe.token_types == "optional" and model_config.type_vocab_size == 0:
+        options["token_type_ids"] = None  # single-segment rows: all types are 0 anyway
+    return Built(
+        recipe=recipe,
+        feature_converter=recipe.converter(pack=choice.pack),
+        objective=recipe.loss(**options),
+        pack=choice.pack,
+    )
+
+
+# -------------------------------------------------------------------------------- checks
+def task_problems(
+    choice: RecipeChoice,
+    *,
+    task_name: str,
+    task_objective: str | None,
+    task_features: Mapping[str, Any] | None,
+) -> list[str]:
+    """Mismatches between one task and the recipe, each naming the recipe and what it expects.
+
+    `task_objective` is the lmsuite objective the task was built for (None for a user's task);
+    `task_features` the features of its examples (None if not known).
+    """
+    recipe = choice.recipe
+    where = f"recipe {recipe.name!r}"
+    out = []
+    if task_objective is not None and task_objective not in recipe.objectives:
+        fitting = sorted(n for n, r in RECIPES.items() if task_objective in r.objectives)
+        if fitting:
+            hint = f"; recipe(s) {fitting} train it"
+        elif task_objective in DATA_ONLY:
+            hint = f"; no recipe trains it yet: it {DATA_ONLY[task_objective].reason}"
+        else:
+            hint = ""
+        out.append(
+            f"{where} trains tasks of objective(s) {list(recipe.objectives)}, but task "
+            f"{task_name!r} is a {task_objective!r} task{hint}"
+        )
+    if task_features is not None:
+        missing = [f for f in recipe.task_features if f not in task_features]
+        if missing:
+            out.append(
+                f"{where} needs task features {missing}, which task {task_name!r} does not "
+                f"emit (its examples have {sorted(task_features)})"
+            )
+    return out
+
+
+def run_problems(
+    choice: RecipeChoice,
+    *,
+    sequence_length: Mapping[str, int] | None,
+    model_config: ModelConfig | None,
+) -> list[str]:
+    """Mismatches of the sequence lengths and the model with the recipe (None skips a check)."""
+    recipe = choice.recipe
+    where = f"recipe {recipe.name!r}"
+    out = []
+    if sequence_length is not None:
+        lengths = dict(sequence_length)
+        missing = [k for k in recipe.length_keys if k not in lengths]
+        extra = sorted(set(lengths) - set(recipe.length_keys))
+        if missing or extra:
+            out.append(
+                f"{where} needs sequence_length keys {list(recipe.length_keys)}, got "
+                f"{sorted(lengths)}"
+                + (f": missing {missing}" if missing else "")
+                + (f", unexpected {extra}" if extra else "")
+                + f" (e.g. SEQUENCE_LENGTH = {recipe.lengths_for(128)})"
+            )
+        elif recipe.check_lengths is not None:
+            out.extend(f"{where}: {p}" for p in recipe.check_lengths(lengths))
+    if model_config is not None:
+        if model_config.architecture not in recipe.architectures:
+            out.append(
+                f"{where} needs ModelConfig.architecture in {list(recipe.architectures)}, got "
+                f"{model_config.architecture!r}"
+            )
+        missing_heads = [h for h in recipe.heads if h not in model_config.heads]
+        if missing_heads:
+            out.append(
+                f"{where} needs model heads {list(recipe.heads)}; ModelConfig.heads = "
+                f"{tuple(model_config.heads)} lacks {missing_heads}"
+            )
+        if recipe.token_types == "pairs" and model_config.type_vocab_size < 2:
+            out.append(
+                f"{where} feeds two segment types, but ModelConfig.type_vocab_size = "
+                f"{model_config.type_vocab_size}; set it to 2"
+            )
+    return out

@@ -1,0 +1,168 @@
+"""The recipe table: consistent with the tasks, converters, losses and models it names, and every
+row trains for two steps through the real CLI path (gin, task, converter, loss, step)."""
+
+import json
+import math
+
+import pytest
+
+from lmsuite import cli
+from lmsuite.data import tasks
+from lmsuite.models.config import HEADS
+from lmsuite.training import recipe_table, recipes
+
+VOCAB = 8100  # the wiki_sample vocabulary: 8000 pieces + 100 sentinels
+TINY_MODELS = [
+    "bert_tiny",
+    "roberta_tiny",
+    "albert_tiny",
+    "electra_tiny_generator",
+    "deberta_tiny",
+    "deberta_v3_tiny",
+    "gpt2_tiny",
+    "t5_tiny",
+    "t5_1_1_tiny",
+    "bart_tiny",
+]
+
+
+def model_config(name: str, bindings=()):
+    return cli.model_config_from_gin([f"models/{name}.gin"], list(bindings))
+
+
+def train_argv(recipe: recipes.Recipe, model: str, model_dir, *extra: str) -> list[str]:
+    """`lmsuite train` for two steps of `recipe` on wiki_sample with the tiny `model`."""
+    bindings = [b.replace(" = ", "=") for b in recipe.example_bindings]
+    return [
+        "train",
+        f"--gin_file=models/{model}.gin",
+        "--gin_file=runs/pretrain.gin",
+        f"--model_dir={model_dir}",
+        f"--gin.RECIPE='{recipe.name}'",
+        f"--gin.TASK='wiki_sample_{recipe.objectives[0]}'",
+        f"--gin.SEQUENCE_LENGTH={recipe.lengths_for(64)}",
+        "--gin.TRAIN_STEPS=2",
+        "--gin.BATCH_SIZE=8",
+        "--gin.CHECKPOINT_EVERY=2",
+        f"--gin.ModelConfig.vocab_size={VOCAB}",
+        "--gin.train.log_every=1",
+        "--gin.train.eval_batches=1",
+        "--gin.train.progress_bar=False",
+        *[f"--gin.{b}" for b in bindings],
+        *extra,
+    ]
+
+
+def compatible(recipe: recipes.Recipe, model: str) -> bool:
+    config = model_config(model, recipe.example_bindings if model == recipe.example_model else ())
+    choice = recipes.make_recipe(name=recipe.name)
+    return not recipes.run_problems(choice, sequence_length=None, model_config=config)
+
+
+# ------------------------------------------------------------------------------ the table
+def test_every_task_objective_has_a_recipe_or_says_why_not():
+    trained = [o for r in recipes.RECIPES.values() for o in r.objectives]
+    # An objective with two rows trains on two architectures (prefix LM: decoder-only and
+    # encoder-decoder), never twice on one.
+    seen = {}
+    for recipe in recipes.RECIPES.values():
+        for objective in recipe.objectives:
+            for architecture in recipe.architectures:
+                assert (objective, architecture) not in seen, (recipe.name, seen)
+                seen[(objective, architecture)] = recipe.name
+    assert set(trained) | set(recipes.DATA_ONLY) == set(tasks.OBJECTIVES)
+    assert not set(trained) & set(recipes.DATA_ONLY)
+    assert all(d.reason for d in recipes.DATA_ONLY.values())
+
+
+@pytest.mark.parametrize("name", list(recipes.RECIPES))
+def test_row_is_consistent_with_its_converter_loss_and_model(name):
+    recipe = recipes.RECIPES[name]
+    for pack in (False, True) if recipe.can_pack() else (False,):
+        features = recipe.model_features(pack=pack)
+        missing = set(recipe.loss_features) - features
+        assert not missing, f"pack={pack}: the loss reads {missing}, the converter lacks them"
+        assert set(recipe.prediction_features) <= features
+    converter = recipe.converter(pack=recipe.pack)
+    assert set(converter.TASK_FEATURES) <= set(recipe.task_features)
+    assert sorted(recipe.lengths_for(64)) == sorted(recipe.length_keys)
+    assert set(recipe.heads) <= set(HEADS)
+    assert set(recipe.learning_metrics) <= set(recipe.metrics)
+    assert set(recipes.make_recipe(name=name).loss_options) <= set(recipes.loss_parameters(recipe))
+    config = model_config(recipe.example_model, recipe.example_bindings)
+    choice = recipes.make_recipe(name=name)
+    assert (
+        recipes.run_problems(choice, sequence_length=recipe.lengths_for(64), model_config=config)
+        == []
+    )
+    for objective in recipe.objectives:
+        assert tasks.OBJECTIVES[objective]  # a real task objective
+
+
+def test_table_prints_every_row_and_every_data_only_objective(capsys):
+    assert cli.main(["recipes", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in (*recipes.RECIPES, *recipes.DATA_ONLY):
+        assert f"\n{name} " in f"\n{out}" or f"  {name} " in out, name
+    assert cli.main(["recipes", "show", "t5_span_corruption"]) == 0
+    shown = capsys.readouterr().out
+    assert "EncDecFeatureConverter(pack=True)" in shown
+    assert "lmsuite.objectives.seq2seq.seq2seq(" in shown
+    assert "RECIPE = 't5_span_corruption'" in shown
+    assert cli.main(["recipes", "show", "t5_span_coruption"]) == cli.CONFIG_ERROR_EXIT_CODE
+    assert "did you mean 't5_span_corruption'" in capsys.readouterr().err
+    assert recipe_table.format_recipe(recipes.RECIPES["mass"]).count("cross_attention_ignores") == 2
+
+
+def test_unknown_rows_and_loss_options_are_named():
+    with pytest.raises(ValueError, match="unknown recipe 'electra'.*data-only"):
+        recipes.make_recipe(name="electra")
+    with pytest.raises(ValueError, match=r"\['z_los'\].*expected some of .*'z_loss'"):
+        recipes.make_recipe(name="t5_span_corruption", loss_options={"z_los": 0.0})
+    with pytest.raises(ValueError, match="cannot pack"):
+        recipes.make_recipe(name="bert_mlm_nsp", pack=True)
+
+
+# ----------------------------------------------------------------------------- the matrix
+def _check_trained(model_dir, recipe):
+    records = [json.loads(line) for line in (model_dir / "metrics.jsonl").open()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for record in steps:
+        for metric in ("loss", *recipe.metrics):
+            assert metric in record, f"{recipe.name}: step {record['step']} lacks {metric}"
+            assert math.isfinite(record[metric]), (recipe.name, metric, record[metric])
+    assert steps[0]["loss"] > 0
+    held_out = [r for r in records if "eval/loss" in r]
+    assert held_out and all(f"eval/{m}" in held_out[-1] for m in recipe.metrics)
+    assert (model_dir / "checkpoints" / "2").is_dir()
+
+
+@pytest.mark.parametrize("name", list(recipes.RECIPES))
+def test_every_recipe_trains_two_steps_through_the_cli(name, tmp_path, capsys):
+    recipe = recipes.RECIPES[name]
+    code = cli.main(train_argv(recipe, recipe.example_model, tmp_path / "run"))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    _check_trained(tmp_path / "run", recipe)
+    assert f"with recipe {name!r}" in captured.out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, model",
+    [
+        (name, model)
+        for name, recipe in recipes.RECIPES.items()
+        for model in TINY_MODELS
+        if model != recipe.example_model
+    ],
+)
+def test_every_recipe_trains_on_every_compatible_tiny_model(name, model, tmp_path, capsys):
+    recipe = recipes.RECIPES[name]
+    if not compatible(recipe, model):
+        pytest.skip(f"{model} lacks the architecture or heads of {name}")
+    argv = [a for a in train_argv(recipe, model, tmp_path / "run") if "architecture" not in a]
+    code = cli.main(argv)
+    assert code == 0, capsys.readouterr().err[-3000:]
+    _check_trained(tmp_path / "run", recipe)
