@@ -25,7 +25,8 @@ input cost at all read 7% slower than the bare step; at 400 steps it read 2%.
 The default config is `make pretrain`'s (`experiments/default.gin`: bert_tiny, 32 x 128 tokens,
 ~0.09 s steps on 2 cores, a checkpoint every 500 steps). `--gin_file=experiments/smoke.gin`
 (~12 ms steps, a checkpoint every 10) measures the worst case, where per-step host work and the
-checkpoint write are large against the step.
+checkpoint write are large against the step. `--gin_file=experiments/t5_1_1_tiny.gin` measures
+an encoder-decoder run, whose input pipeline corrupts spans and packs examples on the host.
 """
 
 import argparse
@@ -41,19 +42,32 @@ import jax
 
 from lmsuite import cli, partitioning
 from lmsuite.models import Transformer
-from lmsuite.training import input_pipeline, loop, report, step, train_state
+from lmsuite.training import input_pipeline, loop, recipes, report, step, train_state
 
 
 def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
     """Compiles and warms up the bare step; the returned function runs `steps` more and returns
-    the seconds they took."""
+    the seconds they took.
+
+    The step is built as `loop.train` builds it: the recipe's objective and feature converter,
+    the model initialised from the batched input's `element_spec`, the config's rules,
+    microbatches and non-finite policy.
+    """
     data, fsdp, tensor = kwargs["mesh_shape"]
     mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
+    rules = kwargs.get("rules", partitioning.DEFAULT_RULES)
     model = Transformer(kwargs["model_config"])
-    objective = kwargs["objective"]
-    example = report.example_inputs(
-        objective, kwargs["sequence_length"], kwargs["feature_converter"]
+    recipe = kwargs["recipe"]
+    if isinstance(recipe, recipes.RecipeChoice):
+        recipe = recipes.build(recipe, model_config=kwargs["model_config"])
+    objective = recipe.objective
+    dataset = input_pipeline.process_dataset(
+        task=kwargs["task"],
+        sequence_length=kwargs["sequence_length"],
+        feature_converter=recipe.feature_converter,
+        global_batch_size=kwargs["batch_size"],
     )
+    example = report.example_inputs(dataset.element_spec)
     state, shardings, _ = train_state.create_sharded_state(
         init_params=lambda r: model.init({"params": r}, **objective.model_inputs(example))[
             "params"
@@ -61,17 +75,11 @@ def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
         tx=kwargs["optimizer"],
         mesh=mesh,
         rng=jax.random.PRNGKey(0),
+        rules=rules,
     )
-    local = next(
-        input_pipeline.process_dataset(
-            task=kwargs["task"],
-            sequence_length=kwargs["sequence_length"],
-            feature_converter=kwargs["feature_converter"],
-            global_batch_size=kwargs["batch_size"],
-        ).as_numpy_iterator()
-    )
+    local = next(dataset.as_numpy_iterator())
     shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in local.items()}
-    batch_sharding = step.batch_shardings(shapes, mesh, rules=partitioning.DEFAULT_RULES)
+    batch_sharding = step.batch_shardings(shapes, mesh, rules=rules)
     batch = input_pipeline.to_global(local, batch_sharding)
     run = step.jit_train_step(
         apply_fn=model.apply,
@@ -80,6 +88,9 @@ def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
         state_shardings=shardings,
         batch_sharding=batch_sharding,
         mesh=mesh,
+        rules=rules,
+        num_microbatches=kwargs.get("num_microbatches", 1),
+        skip_nonfinite=kwargs.get("skip_nonfinite", False),
     )
     rng = jax.random.PRNGKey(1)
     for _ in range(3):  # compile and warm up
@@ -100,7 +111,11 @@ def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
 def loop_rates(kwargs: dict, steps: int) -> tuple[float, float]:
     """Runs the full loop for `steps` steps; (steps/s, real tokens/s) over its timed windows."""
     with tempfile.TemporaryDirectory() as model_dir:
-        loop.train(model_dir=model_dir, **kwargs | {"train_steps": steps, "log_every": 10})
+        # Checked once by `cli.load_config`, as `lmsuite train` does.
+        loop.train(
+            model_dir=model_dir,
+            **kwargs | {"train_steps": steps, "log_every": 10, "checked": True},
+        )
         records = [json.loads(line) for line in Path(model_dir, "metrics.jsonl").open()]
     windows = [r for r in records if "tokens_per_sec" in r][1:]  # the first holds compilation
     seconds = sum(10 / r["steps_per_sec"] for r in windows)
@@ -117,7 +132,7 @@ def main(argv):
     parser.add_argument("--gin_file", default="experiments/default.gin")
     known, rest = parser.parse_known_args(argv)
     args = cli.parse_args(["train", f"--gin_file={known.gin_file}", "--model_dir=/unused", *rest])
-    kwargs = cli.load_config(args) | {"progress_bar": True, "eval_every": 0}
+    kwargs = cli.load_config(args) | {"progress_bar": True, "eval_every": 0, "final_eval": False}
     if known.steps is None:
         known.steps = kwargs["checkpoint_every"] + 100
     if known.steps < 30 or known.trials < 1:

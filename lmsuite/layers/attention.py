@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from lmsuite import partitioning as P
-from lmsuite.layers.dense import DenseGeneral, default_kernel_init
+from lmsuite.layers.dense import DenseGeneral, add_bias, default_kernel_init
 
 
 def masked_softmax(logits_BHLM, mask_B1LM):
@@ -20,6 +20,25 @@ def masked_softmax(logits_BHLM, mask_B1LM):
     big_neg = jnp.finfo(jnp.float32).min
     probs = jax.nn.softmax(jnp.where(mask_B1LM, logits_BHLM, big_neg), axis=-1)
     return jnp.where(mask_B1LM, probs, 0.0)
+
+
+def add_attention_bias(logits_BHLM, bias_BHLM):
+    """logits + bias, where the bias is (B, H, L, M) or shared by the batch, (1, H, L, M).
+
+    A shared bias (T5's relative positions) goes through `add_bias`, whose gradient sums the
+    batch as a ones-vector matmul: autodiff's reduce over the leading batch dim of the (B, H, L,
+    M) score gradients was the slowest op of a T5 training step on XLA:CPU
+    (benchmarks/seq2seq_step.py).
+    """
+    batch = bias_BHLM.shape[0] if bias_BHLM.ndim == 4 else None
+    if batch not in (1, logits_BHLM.shape[0]) or bias_BHLM.shape[1:] != logits_BHLM.shape[1:]:
+        raise ValueError(
+            f"attention bias of shape {tuple(bias_BHLM.shape)} must be (B or 1, H, L, M) = "
+            f"({logits_BHLM.shape[0]} or 1, *{tuple(logits_BHLM.shape[1:])})"
+        )
+    if bias_BHLM.shape[0] == 1:
+        return add_bias(logits_BHLM, bias_BHLM[0])
+    return logits_BHLM + bias_BHLM
 
 
 class MultiHeadAttention(nn.Module):
@@ -62,7 +81,7 @@ class MultiHeadAttention(nn.Module):
             q_BLHK = q_BLHK / jnp.sqrt(self.head_dim).astype(self.dtype)
         logits_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
         if bias_BHLM is not None:
-            logits_BHLM = logits_BHLM + bias_BHLM
+            logits_BHLM = add_attention_bias(logits_BHLM, bias_BHLM)
         probs_BHLM = masked_softmax(logits_BHLM, mask).astype(self.dtype)
         probs_BHLM = nn.Dropout(self.dropout_rate)(probs_BHLM, deterministic=deterministic)
         out_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
