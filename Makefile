@@ -12,6 +12,8 @@ PEERS_STAMP := $(PEERS)/.installed
 HOST_MALLOC := MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=67108864
 TEST_ENV := JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
 ARGS ?=
+# `make pretrain EXPERIMENT=t5_1_1_tiny` runs gin/experiments/t5_1_1_tiny.gin (model dir runs/<name>).
+EXPERIMENT ?= default
 
 .PHONY: install test test-all bench pretrain lint format clean parity
 
@@ -46,11 +48,13 @@ $(PEERS_STAMP): benchmarks/peers-requirements.txt
 
 bench: $(STAMP) $(PEERS_STAMP)
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python
+	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/seq2seq_step.py --peer_python=$(PEERS)/bin/python
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/data_pipeline.py --peer_python=$(PEERS)/bin/python
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py
+	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py --gin_file=experiments/t5_1_1_tiny.gin
 
 pretrain: $(STAMP)
-	$(PY) -m lmsuite.cli pretrain $(ARGS)
+	$(PY) -m lmsuite.cli pretrain --gin_file=experiments/$(EXPERIMENT).gin $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(PEERS) build *.egg-info

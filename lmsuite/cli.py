@@ -192,6 +192,8 @@ def static_problems(
                     scan(path.read_text(), str(path), depth + 1)
                 continue
             if isinstance(statement, gin_parser.ImportStatement):
+                if statement.module.startswith("__gin__"):  # gin's own switches
+                    continue
                 failure = import_failure(statement.module)
                 if failure is not None:
                     problem(f"{loc}: import {statement.module}: {failure}")
@@ -274,7 +276,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _is_required(value) -> bool:
-    return value is gin.REQUIRED or type(value).__name__ == "_Required"
+    return value is gin.REQUIRED
 
 
 def _evaluate_train_arguments(problems: list[str]) -> dict:
@@ -499,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=GIN_EPILOG,
         formatter_class=formatter,
     )
-    _add_gin_flags(pretrain, default_files=["experiments/default.gin"], model_dir="runs/default")
+    _add_gin_flags(pretrain, default_files=["experiments/default.gin"], model_dir="")
     pretrain.set_defaults(handler=run_pretrain)
     info = commands.add_parser(
         "info", help="parameter counts (total, embedding, per module), shapes, logical axes"
@@ -543,6 +545,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.gin_bindings = [b.replace("=", " = ", 1) for b in bindings]
     if hasattr(args, "default_gin_files") and args.gin_file is None:
         args.gin_file = args.default_gin_files
+    if getattr(args, "model_dir", None) == "":  # pretrain: runs/<experiment>
+        args.model_dir = f"runs/{Path(args.gin_file[0]).stem}"
     return args
 
 
