@@ -30,7 +30,6 @@ same dot and add run on the ordinary path.
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Before jax reads XLA_FLAGS (see the module docstring).
@@ -50,7 +49,7 @@ from step_protocol import (  # noqa: E402
     add_config_flags,
     config_from_args,
     make_seq2seq_batch,
-    time_steps,
+    serve,
 )
 
 
@@ -133,27 +132,21 @@ def main():
     channel = PeerChannel()
     config = config_from_args(args, Seq2SeqConfig)
     step, state = build(config)
-    start = time.perf_counter()
-    _, state = time_steps(step, state, max(args.warmup_steps, 1), jax.block_until_ready)
-    num_params = sum(x.size for x in jax.tree_util.tree_leaves(state[0]))  # jax < 0.4.25 too
-    channel.send(
-        {
-            "ready": True,
-            "warmup_s": time.perf_counter() - start,
-            "loss": float(state[3]),
-            "num_params": int(num_params),
-            "versions": {
-                "jax": jax.__version__,
-                "flax": __import__("flax").__version__,
-                "optax": optax.__version__,
-                "transformers": transformers.__version__,
-                "onednn_matmul_rewriter": args.onednn_matmul_rewriter,
-            },
-        }
+    serve(
+        channel,
+        step,
+        state,
+        warmup_steps=args.warmup_steps,
+        block=jax.block_until_ready,
+        leaves=jax.tree_util.tree_leaves,  # jax < 0.4.25 too
+        versions={
+            "jax": jax.__version__,
+            "flax": __import__("flax").__version__,
+            "optax": optax.__version__,
+            "transformers": transformers.__version__,
+            "onednn_matmul_rewriter": args.onednn_matmul_rewriter,
+        },
     )
-    for request in channel.requests():
-        times, state = time_steps(step, state, int(request["steps"]), jax.block_until_ready)
-        channel.send({**times, "loss": float(state[3])})
 
 
 if __name__ == "__main__":

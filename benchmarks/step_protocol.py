@@ -511,3 +511,28 @@ def report(
         print(
             f"  ratio lmsuite / HF = {medians['HF Flax'] / medians['lmsuite']:.2f} (target >= 1.5)"
         )
+
+
+def serve(channel, step, state, *, warmup_steps: int, block, leaves, versions: dict) -> None:
+    """The peer's whole protocol: warm up, send `ready` (with the parameter count and library
+    versions), then answer each `{"steps": n}` request with the time of n steps.
+
+    `state` is (params, opt_state, rng, loss); `block` waits for a state's arrays and `leaves`
+    lists a tree's arrays (jax's, passed in so that this module imports no jax). `channel` is
+    the `PeerChannel` the peer opened before building its model (so that library chatter while
+    building goes to stderr).
+    """
+    start = time.perf_counter()
+    _, state = time_steps(step, state, max(warmup_steps, 1), block)
+    channel.send(
+        {
+            "ready": True,
+            "warmup_s": time.perf_counter() - start,
+            "loss": float(state[3]),
+            "num_params": int(sum(x.size for x in leaves(state[0]))),
+            "versions": versions,
+        }
+    )
+    for request in channel.requests():
+        times, state = time_steps(step, state, int(request["steps"]), block)
+        channel.send({**times, "loss": float(state[3])})
