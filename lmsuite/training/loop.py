@@ -1,8 +1,9 @@
 """The training loop: one function, read top to bottom, in named sections.
 
-mesh -> model and optimizer -> restore -> data -> step -> loop (log, eval, checkpoint,
-preemption, divergence) -> finish. Everything it needs comes in as keyword arguments; `cli.py`
-binds them from gin.
+checks -> mesh -> data (built, not yet read: the model is initialised from its row shapes) ->
+model and optimizer -> restore -> input -> step -> loop (log, eval, checkpoint, preemption,
+divergence) -> finish. Everything it needs comes in as keyword arguments, the recipe's converter
+and loss among them; `cli.py` binds them from gin.
 """
 
 import collections
