@@ -3,7 +3,7 @@
 checks -> mesh -> data (built, not yet read: the model is initialised from its row shapes) ->
 model and optimizer -> restore -> input -> step -> loop (log, eval, checkpoint, preemption,
 divergence) -> finish. Everything it needs comes in as keyword arguments, the recipe's converter
-and loss among them; `cli.py` binds them from gin.
+and loss among them; `lmsuite.cli` binds them from gin.
 """
 
 import collections
@@ -71,16 +71,16 @@ class RateWindow:
     def rates(self) -> tuple[float, float]:
         """(steps/s, tokens/s) ending at the newest point, which becomes the last log."""
         now, steps, tokens = self._points[-1]
+        points = self._points
         if self._last_log[1] == 0:  # the first log: everything since the loop started
             start = self._last_log
         else:
-            after_first = [p for p in self._points if p[1] >= 1]
-            old_enough = [p for p in after_first if now - p[0] >= self.min_seconds]
-            start = old_enough[-1] if old_enough else after_first[0]
-            start = min(start, self._last_log)  # by time: the earlier of the two
-        while self._points[0][0] < start[0]:
-            self._points.popleft()
-        self._last_log = self._points[-1]
+            # Keep the newest point at least min_seconds old (or the first step's, if none is
+            # that old); amortised O(1) per step, as each point is dropped once.
+            while len(points) > 1 and (points[0][1] == 0 or now - points[1][0] >= self.min_seconds):
+                points.popleft()
+            start = min(points[0], self._last_log)  # by time: the earlier of the two
+        self._last_log = points[-1]
         elapsed = max(now - start[0], 1e-9)
         return (steps - start[1]) / elapsed, (tokens - start[2]) / elapsed
 
@@ -129,10 +129,9 @@ def train(
       Preempted: SIGTERM; a checkpoint of the current step was saved first.
     """
     if not checked:
-        choice = recipe if isinstance(recipe, recipes.RecipeChoice) else None
         found = preflight.check_run(
             task=task,
-            recipe=choice,
+            recipe=recipe.recipe,
             sequence_length=sequence_length,
             model_config=model_config,
             batch_size=batch_size,

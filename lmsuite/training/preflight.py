@@ -9,6 +9,7 @@ raises on the problems for callers that skip the CLI.
 import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import seqio
 
@@ -18,11 +19,14 @@ from lmsuite.training import recipes
 
 @dataclasses.dataclass
 class Findings:
+    """What `check_run` found: problems stop the run, warnings are printed and it goes on."""
+
     problems: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-def _nearest(name: str, options) -> str:
+def nearest(name: str, options) -> str:
+    """ "; did you mean 'x'?" for the closest of `options`, or "" when none is close."""
     close = difflib.get_close_matches(name, sorted(set(options)), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -86,14 +90,13 @@ def _task_features(task: seqio.Task, sequence_length) -> tuple[dict | None, str 
 def check_run(
     *,
     task: str | None,
-    recipe: recipes.RecipeChoice | None,
+    recipe: recipes.Recipe | None,
     sequence_length: Mapping[str, int] | None,
     model_config: ModelConfig | None,
     batch_size: int | None = None,
     mesh_shape: Sequence[int] = (-1, 1, 1),
     num_microbatches: int = 1,
     train_steps: int | None = None,
-    device_count: int | None = None,
 ) -> Findings:
     """Every problem of a run's evaluated configuration (see the module docstring).
 
@@ -110,7 +113,7 @@ def check_run(
     if task is not None:
         names = seqio.TaskRegistry.names() | seqio.MixtureRegistry.names()
         if task not in names:
-            problems.append(f"unknown task {task!r}{_nearest(task, names)}")
+            problems.append(f"unknown task {task!r}{nearest(task, names)}")
         else:
             provider = seqio.get_mixture_or_task(task)
 
@@ -132,18 +135,18 @@ def check_run(
                         problems.append(problem)
                         continue
                 problems.extend(
-                    recipes.task_problems(
+                    recipe_task_problems(
                         recipe, task_name=sub.name, task_objective=objective, task_features=features
                     )
                 )
     if recipe is not None:
         problems.extend(
-            recipes.run_problems(recipe, sequence_length=sequence_length, model_config=model_config)
+            recipe_run_problems(recipe, sequence_length=sequence_length, model_config=model_config)
         )
 
     if train_steps is not None and train_steps < 1:
         problems.append(f"train_steps must be >= 1, got {train_steps}")
-    _batch_checks(problems, batch_size, mesh_shape, num_microbatches, device_count)
+    _batch_checks(problems, batch_size, mesh_shape, num_microbatches)
     if model_config is not None:
         for feature in ("input_ids", "targets", "inputs"):
             if feature in lengths and lengths[feature] > model_config.max_positions:
@@ -183,13 +186,13 @@ def _vocabulary_checks(found: Findings, task: seqio.Task, corpus, config: ModelC
         )
 
 
-def _batch_checks(problems, batch_size, mesh_shape, num_microbatches, device_count) -> None:
+def _batch_checks(problems, batch_size, mesh_shape, num_microbatches) -> None:
     import jax
 
     if batch_size is None:
         return
     data, fsdp, tensor = mesh_shape
-    devices = jax.device_count() if device_count is None else device_count
+    devices = jax.device_count()
     if data == -1 and devices % max(fsdp * tensor, 1) == 0:
         data = devices // (fsdp * tensor)
     if data > 0 and batch_size % (data * fsdp):
@@ -203,8 +206,87 @@ def _batch_checks(problems, batch_size, mesh_shape, num_microbatches, device_cou
         )
 
 
-def raise_problems(found: Findings, *, what: str = "run") -> None:
+def raise_problems(found: Findings) -> None:
     """Raises a ValueError listing every problem (the library path; the CLI prints them)."""
     if found.problems:
         lines = "\n".join(f"  - {p}" for p in found.problems)
-        raise ValueError(f"this {what} cannot start:\n{lines}")
+        raise ValueError(f"this run cannot start:\n{lines}")
+
+
+def recipe_task_problems(
+    recipe: recipes.Recipe,
+    *,
+    task_name: str,
+    task_objective: str | None,
+    task_features: Mapping[str, Any] | None,
+) -> list[str]:
+    """Mismatches between one task and the recipe, each naming the recipe and what it expects.
+
+    `task_objective` is the lmsuite objective the task was built for (None for a user's task);
+    `task_features` the features of its examples (None if not known).
+    """
+    where = f"recipe {recipe.name!r}"
+    out = []
+    if task_objective is not None and task_objective not in recipe.objectives:
+        fitting = sorted(n for n, r in recipes.RECIPES.items() if task_objective in r.objectives)
+        if fitting:
+            hint = f"; recipe(s) {fitting} train it"
+        elif task_objective in recipes.DATA_ONLY:
+            hint = f"; no recipe trains it yet: it {recipes.DATA_ONLY[task_objective].reason}"
+        else:
+            hint = ""
+        out.append(
+            f"{where} trains tasks of objective(s) {list(recipe.objectives)}, but task "
+            f"{task_name!r} is a {task_objective!r} task{hint}"
+        )
+    if task_features is not None:
+        missing = [f for f in recipe.task_features if f not in task_features]
+        if missing:
+            out.append(
+                f"{where} needs task features {missing}, which task {task_name!r} does not "
+                f"emit (its examples have {sorted(task_features)})"
+            )
+    return out
+
+
+def recipe_run_problems(
+    recipe: recipes.Recipe,
+    *,
+    sequence_length: Mapping[str, int] | None,
+    model_config: ModelConfig | None,
+) -> list[str]:
+    """Mismatches of the sequence lengths and the model with the recipe (None skips a check)."""
+    where = f"recipe {recipe.name!r}"
+    out = []
+    if sequence_length is not None:
+        lengths = dict(sequence_length)
+        missing = [k for k in recipe.length_keys if k not in lengths]
+        extra = sorted(set(lengths) - set(recipe.length_keys))
+        if missing or extra:
+            out.append(
+                f"{where} needs sequence_length keys {list(recipe.length_keys)}, got "
+                f"{sorted(lengths)}"
+                + (f": missing {missing}" if missing else "")
+                + (f", unexpected {extra}" if extra else "")
+                + f" (e.g. SEQUENCE_LENGTH = {recipe.lengths_for(128)})"
+            )
+        elif recipe.check_lengths is not None:
+            out.extend(f"{where}: {p}" for p in recipe.check_lengths(lengths))
+    if model_config is not None:
+        if model_config.architecture not in recipe.architectures:
+            out.append(
+                f"{where} needs ModelConfig.architecture in {list(recipe.architectures)}, got "
+                f"{model_config.architecture!r}"
+            )
+        missing_heads = [h for h in recipe.heads if h not in model_config.heads]
+        if missing_heads:
+            out.append(
+                f"{where} needs model heads {list(recipe.heads)}; ModelConfig.heads = "
+                f"{tuple(model_config.heads)} lacks {missing_heads}"
+            )
+        if recipe.token_types == "pairs" and model_config.type_vocab_size < 2:
+            out.append(
+                f"{where} feeds two segment types, but ModelConfig.type_vocab_size = "
+                f"{model_config.type_vocab_size}; set it to 2"
+            )
+    return out

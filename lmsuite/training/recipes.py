@@ -4,20 +4,20 @@ A row names the task objectives it accepts (`lmsuite.data.tasks.OBJECTIVES`, or 
 examples carry the row's features), the sequence-length keys, the feature converter, the loss with
 the features it reads, and the architectures and heads the model needs. Gin picks a row by name
 (`RECIPE = 't5_span_corruption'`, `train.recipe = @make_recipe()` in `gin/runs/pretrain.gin`),
-`lmsuite train` checks the run against it before anything compiles (`problems`), and
+`lmsuite train` checks the run against it before anything compiles (`preflight`), and
 `tests/training/test_recipes.py` trains every row for two steps through the CLI. Objectives that
 have data but no trainable recipe yet are listed in `DATA_ONLY`, each with the reason, so nothing
 is data-only without the table saying so.
 
   >>> choice = make_recipe(name="t5_span_corruption")
-  >>> built = build(choice, model_config=config)       # after `problems(...)` came back empty
+  >>> built = build(choice, model_config=config)       # after `preflight.check_run` passed
   >>> built.feature_converter, built.objective          # EncDecFeatureConverter(pack=True), seq2seq
 """
 
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import seqio
@@ -25,8 +25,8 @@ import seqio
 from lmsuite import objectives as losses
 from lmsuite.data import feature_converters as fc
 from lmsuite.data import vocab as vocab_lib
+from lmsuite.data.preprocessors import mass, span_corruption, spanbert
 from lmsuite.data.preprocessors import mlm as mlm_lib
-from lmsuite.data.preprocessors import span_corruption, spanbert
 from lmsuite.models import ModelConfig
 from lmsuite.objectives import Objective, seq2seq
 
@@ -45,11 +45,6 @@ def _span_corruption_lengths(length: int) -> dict[str, int]:
         "inputs": length,
         "targets": span_corruption.random_spans_helper(inputs_length=length)[1],
     }
-
-
-def _mass_targets(inputs_length: int) -> int:
-    """The longest MASS fragment of a source of at most `inputs_length` tokens: round(L / 2)."""
-    return max(1, round(0.5 * inputs_length))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,26 +128,13 @@ def _encoder_mlm(**kwargs) -> Callable[..., seqio.FeatureConverter]:
 
 
 def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
-    raw, needed = span_corruption.random_spans_helper(inputs_length=int(lengths["inputs"]))
-    if int(lengths["targets"]) < needed:
-        return [
-            f"sequence_length['targets'] = {lengths['targets']} is too short for span corruption "
-            f"of inputs {lengths['inputs']}: t5's random_spans_helper gives targets {needed} "
-            f"(raw chunks of {raw} tokens, 15% noise in spans of mean 3); set "
-            f"SEQUENCE_LENGTH = {{'inputs': {lengths['inputs']}, 'targets': {needed}}}"
-        ]
-    return []
+    problem = span_corruption.targets_length_problem(lengths)
+    return [] if problem is None else [problem]
 
 
 def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
-    needed = _mass_targets(int(lengths["inputs"]))
-    if int(lengths["targets"]) < needed:
-        return [
-            f"sequence_length['targets'] = {lengths['targets']} is shorter than the longest MASS "
-            f"fragment of inputs {lengths['inputs']} (half the source: {needed}); set targets "
-            f">= {needed}"
-        ]
-    return []
+    problem = mass.targets_length_problem(lengths)
+    return [] if problem is None else [problem]
 
 
 def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> Recipe:
@@ -314,7 +296,7 @@ RECIPES: dict[str, Recipe] = {
             "mass",
             "mass",
             "MASS: the encoder masks a fragment of half the sentence, the decoder predicts it",
-            lengths_for=lambda n: {"inputs": n, "targets": _mass_targets(n)},
+            lengths_for=lambda n: {"inputs": n, "targets": mass.fragment_length(n, 0.5)},
             task_features=("inputs", "targets", "decoder_input_tokens", "decoder_positions"),
             converter=lambda pack: fc.MassFeatureConverter(pack=pack),
             loss_options={"z_loss": 0.0, "cross_attention_ignores": vocab_lib.MASK_ID},
@@ -386,19 +368,14 @@ class Built:
     pack: bool
 
 
-def _nearest(name: str, options: Sequence[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def get(name: str) -> Recipe:
     """The row called `name`; a ValueError names the rows (and the closest one)."""
     if name not in RECIPES:
+        from lmsuite.training.preflight import nearest  # preflight imports this table
+
         pending = f" ({name!r} is data-only: {DATA_ONLY[name].reason})" if name in DATA_ONLY else ""
         raise ValueError(
-            f"unknown recipe {name!r}{_nearest(name, list(RECIPES))}{pending}; the recipes are "
+            f"unknown recipe {name!r}{nearest(name, RECIPES)}{pending}; the recipes are "
             f"{sorted(RECIPES)}"
         )
     return RECIPES[name]
@@ -450,85 +427,3 @@ def build(choice: RecipeChoice, *, model_config: ModelConfig) -> Built:
         objective=recipe.loss(**options),
         pack=choice.pack,
     )
-
-
-# -------------------------------------------------------------------------------- checks
-def task_problems(
-    choice: RecipeChoice,
-    *,
-    task_name: str,
-    task_objective: str | None,
-    task_features: Mapping[str, Any] | None,
-) -> list[str]:
-    """Mismatches between one task and the recipe, each naming the recipe and what it expects.
-
-    `task_objective` is the lmsuite objective the task was built for (None for a user's task);
-    `task_features` the features of its examples (None if not known).
-    """
-    recipe = choice.recipe
-    where = f"recipe {recipe.name!r}"
-    out = []
-    if task_objective is not None and task_objective not in recipe.objectives:
-        fitting = sorted(n for n, r in RECIPES.items() if task_objective in r.objectives)
-        if fitting:
-            hint = f"; recipe(s) {fitting} train it"
-        elif task_objective in DATA_ONLY:
-            hint = f"; no recipe trains it yet: it {DATA_ONLY[task_objective].reason}"
-        else:
-            hint = ""
-        out.append(
-            f"{where} trains tasks of objective(s) {list(recipe.objectives)}, but task "
-            f"{task_name!r} is a {task_objective!r} task{hint}"
-        )
-    if task_features is not None:
-        missing = [f for f in recipe.task_features if f not in task_features]
-        if missing:
-            out.append(
-                f"{where} needs task features {missing}, which task {task_name!r} does not "
-                f"emit (its examples have {sorted(task_features)})"
-            )
-    return out
-
-
-def run_problems(
-    choice: RecipeChoice,
-    *,
-    sequence_length: Mapping[str, int] | None,
-    model_config: ModelConfig | None,
-) -> list[str]:
-    """Mismatches of the sequence lengths and the model with the recipe (None skips a check)."""
-    recipe = choice.recipe
-    where = f"recipe {recipe.name!r}"
-    out = []
-    if sequence_length is not None:
-        lengths = dict(sequence_length)
-        missing = [k for k in recipe.length_keys if k not in lengths]
-        extra = sorted(set(lengths) - set(recipe.length_keys))
-        if missing or extra:
-            out.append(
-                f"{where} needs sequence_length keys {list(recipe.length_keys)}, got "
-                f"{sorted(lengths)}"
-                + (f": missing {missing}" if missing else "")
-                + (f", unexpected {extra}" if extra else "")
-                + f" (e.g. SEQUENCE_LENGTH = {recipe.lengths_for(128)})"
-            )
-        elif recipe.check_lengths is not None:
-            out.extend(f"{where}: {p}" for p in recipe.check_lengths(lengths))
-    if model_config is not None:
-        if model_config.architecture not in recipe.architectures:
-            out.append(
-                f"{where} needs ModelConfig.architecture in {list(recipe.architectures)}, got "
-                f"{model_config.architecture!r}"
-            )
-        missing_heads = [h for h in recipe.heads if h not in model_config.heads]
-        if missing_heads:
-            out.append(
-                f"{where} needs model heads {list(recipe.heads)}; ModelConfig.heads = "
-                f"{tuple(model_config.heads)} lacks {missing_heads}"
-            )
-        if recipe.token_types == "pairs" and model_config.type_vocab_size < 2:
-            out.append(
-                f"{where} feeds two segment types, but ModelConfig.type_vocab_size = "
-                f"{model_config.type_vocab_size}; set it to 2"
-            )
-    return out

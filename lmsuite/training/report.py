@@ -148,15 +148,10 @@ def majority_baseline(
     ...                     "masked_weights": np.array([[1, 1, 1, 0]])}])
     0.6666666666666666
     """
-    counts: dict[int, float] = {}
-    for batch in batches:
-        if targets not in batch or weights not in batch:
-            return None
-        ids, w = np.asarray(batch[targets]).ravel(), np.asarray(batch[weights]).ravel()
-        for token, weight in zip(*np.unique(ids[w > 0], return_counts=True), strict=True):
-            counts[int(token)] = counts.get(int(token), 0.0) + float(weight)
-    total = sum(counts.values())
-    return max(counts.values()) / total if total else None
+    counts = _target_counts(batches, targets, weights)
+    if counts is None or not counts.sum():
+        return None
+    return float(counts.max() / counts.sum())
 
 
 class Baselines(NamedTuple):

@@ -9,7 +9,7 @@ import pytest
 from lmsuite import cli
 from lmsuite.data import tasks
 from lmsuite.models.config import HEADS
-from lmsuite.training import recipe_table, recipes
+from lmsuite.training import preflight, recipe_table, recipes
 
 VOCAB = 8100  # the wiki_sample vocabulary: 8000 pieces + 100 sentinels
 TINY_MODELS = [
@@ -55,8 +55,7 @@ def train_argv(recipe: recipes.Recipe, model: str, model_dir, *extra: str) -> li
 
 def compatible(recipe: recipes.Recipe, model: str) -> bool:
     config = model_config(model, recipe.example_bindings if model == recipe.example_model else ())
-    choice = recipes.make_recipe(name=recipe.name)
-    return not recipes.run_problems(choice, sequence_length=None, model_config=config)
+    return not preflight.recipe_run_problems(recipe, sequence_length=None, model_config=config)
 
 
 # ------------------------------------------------------------------------------ the table
@@ -90,9 +89,10 @@ def test_row_is_consistent_with_its_converter_loss_and_model(name):
     assert set(recipe.learning_metrics) <= set(recipe.metrics)
     assert set(recipes.make_recipe(name=name).loss_options) <= set(recipes.loss_parameters(recipe))
     config = model_config(recipe.example_model, recipe.example_bindings)
-    choice = recipes.make_recipe(name=name)
     assert (
-        recipes.run_problems(choice, sequence_length=recipe.lengths_for(64), model_config=config)
+        preflight.recipe_run_problems(
+            recipe, sequence_length=recipe.lengths_for(64), model_config=config
+        )
         == []
     )
     for objective in recipe.objectives:

@@ -4,9 +4,11 @@ compile (bad recipes, models, lengths, task modules)."""
 
 import json
 import statistics
+import sys
 import textwrap
 
 import pytest
+import seqio
 
 from lmsuite import cli
 
@@ -88,6 +90,21 @@ def test_logged_rates_are_steady_to_the_last_step(capsys, tmp_path):
     outliers = {s: round(r) for s, r in rates.items() if s > 1 and not median / 3 < r < 3 * median}
     assert not outliers, (round(median), outliers)
     assert all(r["mfu"] < 1.0 for r in records if "mfu" in r)
+
+
+def test_rate_window_spans_seconds_not_one_lagging_read():
+    from lmsuite.training.loop import RateWindow
+
+    window, now, rates = RateWindow(0.0), 5.0, []  # 5 s of compilation, then 0.1 s steps
+    for step in range(1, 80):
+        window.add(now + (0.09 if step == 30 else 0.0), 10.0)  # step 30 read 0.09 s late
+        rates.append(window.rates())
+        now += 0.1
+    assert rates[0][0] == pytest.approx(1 / 5.0)  # the first log includes compilation
+    steps_per_sec = [r[0] for r in rates[1:]]
+    assert min(steps_per_sec) > 9.5 and max(steps_per_sec) < 10.5, steps_per_sec
+    assert rates[-1][1] == pytest.approx(100.0)  # 10 tokens per step
+    assert len(window._points) <= 22  # points older than the span are dropped
 
 
 def test_train_ends_with_a_summary_on_stdout(capsys, tmp_path):
@@ -205,6 +222,12 @@ def task_module(tmp_path, monkeypatch):
     (package / "tasks.py").write_text(textwrap.dedent(TASK_MODULE))
     (package / "broken.py").write_text("import not_a_module_anywhere\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    # Each test starts with the module not imported and its tasks not registered, so that a
+    # test passes only if its own flag or gin line imported them.
+    for name in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for task in ("my_loud_span_corruption", "my_lm_only"):
+        seqio.TaskRegistry.remove(task)
     return "my_pkg.tasks"
 
 
@@ -219,11 +242,16 @@ def test_a_users_task_module_trains_with_an_existing_recipe(capsys, tmp_path, ta
     assert [r["step"] for r in records if "seq2seq_accuracy" in r] == [2]
 
 
+def test_tasks_list_sees_a_task_module(capsys, task_module):
+    assert cli.main(["tasks", "list"]) == 0
+    assert "my_loud_span_corruption" not in capsys.readouterr().out.splitlines()
+    assert cli.main(["tasks", "list", "--task_module", task_module]) == 0
+    assert "my_loud_span_corruption" in capsys.readouterr().out.splitlines()
+
+
 def test_a_gin_import_line_registers_the_task_too(capsys, tmp_path, task_module):
     gin_file = tmp_path / "mine.gin"
     gin_file.write_text(f"import {task_module}\n")
-    code = cli.main(["tasks", "list", "--task_module", task_module])  # the listing sees it as well
-    assert code == 0 and "my_loud_span_corruption" in capsys.readouterr().out.splitlines()
     argv = _t5(SPAN, "--gin.TASK='my_loud_span_corruption'", "--gin.train.progress_bar=False")
     argv += ["--gin.SEQUENCE_LENGTH={'inputs': 64, 'targets': 16}", "--gin.TRAIN_STEPS=1"]
     argv += [f"--gin_file={gin_file}", "--gin.train.eval_batches=1"]
@@ -305,5 +333,5 @@ def test_span_corruption_lengths_that_do_not_fit_name_t5s_helper(capsys, tmp_pat
         "--gin.ModelConfig.max_length=512",
     )
     assert len(errors) == 1, errors
-    assert "random_spans_helper gives targets 114" in errors[0]
+    assert "targets length 100 < 114" in errors[0] and "random_spans_helper" in errors[0]
     assert "{'inputs': 512, 'targets': 114}" in errors[0]

@@ -63,6 +63,26 @@ def fragment_length(n: int, fragment_fraction: float) -> int:
     return min(max(round(n * fragment_fraction), 1), n - 1)
 
 
+def targets_length_problem(
+    sequence_length: Mapping[str, int], *, fragment_fraction: float = 0.5
+) -> str | None:
+    """Why a "targets" length cannot hold the longest fragment (k for n = L), or None if it can
+    (or no targets length is given).
+
+    Example: {"inputs": 64, "targets": 31} -> "targets length 31 < 32, ...".
+    """
+    (inputs_length,) = lm._lengths(sequence_length, "inputs")
+    targets_length = sequence_length.get("targets")
+    longest = fragment_length(inputs_length, fragment_fraction)
+    if targets_length is None or targets_length >= longest:
+        return None
+    return (
+        f"targets length {targets_length} < {longest}, the fragment of a full chunk (inputs "
+        f"length {inputs_length} at fragment_fraction={fragment_fraction}); set targets >= "
+        f"{longest}"
+    )
+
+
 def mass_example(source, *, mask_id, vocab_size, random_low, fragment_fraction, seed):
     """MASS features of one `source` = [EOS] + chunk + [EOS] (see the module docstring).
 
@@ -147,13 +167,9 @@ def mass(
         raise ValueError(
             f"inputs length {inputs_length}, expected >= 3 (EOS, at least one token, EOS)"
         )
-    targets_length = sequence_length.get("targets")
-    longest = fragment_length(inputs_length, fragment_fraction)
-    if targets_length is not None and targets_length < longest:
-        raise ValueError(
-            f"targets length {targets_length} < {longest}, the fragment of a full chunk"
-            f" (inputs length {inputs_length} at fragment_fraction={fragment_fraction})"
-        )
+    problem = targets_length_problem(sequence_length, fragment_fraction=fragment_fraction)
+    if problem is not None:
+        raise ValueError(problem)
     chunks = lm.split_documents(dataset, chunk_length=inputs_length - 2)
 
     @seqio.map_over_dataset(num_seeds=1)

@@ -95,6 +95,33 @@ def random_spans_helper(
     return tokens_length, targets_length
 
 
+def targets_length_problem(
+    sequence_length: Mapping[str, int],
+    *,
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+) -> str | None:
+    """Why `sequence_length` cannot hold span corruption's targets, or None if it can.
+
+    Example: {"inputs": 512, "targets": 100} -> "targets length 100 < 114, ... set
+    SEQUENCE_LENGTH = {'inputs': 512, 'targets': 114}".
+    """
+    inputs_length, targets_length = lm._lengths(sequence_length, "inputs", "targets")
+    raw_length, needed = random_spans_helper(
+        inputs_length=inputs_length,
+        noise_density=noise_density,
+        mean_noise_span_length=mean_noise_span_length,
+    )
+    if targets_length >= needed:
+        return None
+    return (
+        f"targets length {targets_length} < {needed}, the targets length t5's random_spans_helper "
+        f"gives for inputs {inputs_length} (raw chunks of {raw_length} tokens, noise density "
+        f"{noise_density}, mean span {mean_noise_span_length}); set SEQUENCE_LENGTH = "
+        f"{{'inputs': {inputs_length}, 'targets': {needed}}}"
+    )
+
+
 def _random_composition(*, rows, total, parts, seed):
     """[rows, parts] positive ints summing to `total` per row, uniform over compositions.
 
@@ -231,17 +258,16 @@ def span_corruption(
       ValueError: if the targets length is below what the inputs length produces, or a full
         chunk has more spans than `sentinel_ids`.
     """
-    inputs_length, targets_length = lm._lengths(sequence_length, "inputs", "targets")
-    raw_length, needed_targets = random_spans_helper(
-        inputs_length=inputs_length,
+    problem = targets_length_problem(
+        sequence_length, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length
+    )
+    if problem is not None:
+        raise ValueError(problem)
+    raw_length, _ = random_spans_helper(
+        inputs_length=int(sequence_length["inputs"]),
         noise_density=noise_density,
         mean_noise_span_length=mean_noise_span_length,
     )
-    if targets_length < needed_targets:
-        raise ValueError(
-            f"targets length {targets_length} < {needed_targets}, the targets length that"
-            f" inputs length {inputs_length} produces (raw chunks of {raw_length} tokens)"
-        )
     _, full_spans = _noise_counts(raw_length, noise_density, mean_noise_span_length)
     if full_spans > len(sentinel_ids):
         raise ValueError(

@@ -1,0 +1,354 @@
+"""The `lmsuite` command line: the only package that imports gin and argparse (gin parsing and
+the configuration checks are in `config.py`; the commands here).
+
+  lmsuite train --gin_file=F [--gin_file=G] --gin.KEY=VALUE --model_dir=DIR
+                [--gin_search_paths=...] [--task_module=M ...] [--tfds_data_dir=D] [--distributed]
+  lmsuite pretrain [--gin_file=experiments/E.gin] [--gin.KEY=VALUE ...] [--model_dir=DIR]
+  lmsuite recipes list | show NAME
+  lmsuite tasks list | show NAME [--task_module=M]
+
+Flags are spelled as in T5X. Before anything compiles, the configuration is checked and every
+problem is listed at once, each with the nearest valid name: unknown configurables and parameters
+(typos), `%gin.REQUIRED` macros left unset, task modules that do not import, an unknown task, a
+task whose data is not prepared, a task that does not fit the recipe (features, sequence-length
+keys, span lengths), a model that does not (architecture, heads, a vocabulary smaller than the
+task's), a batch the data axis does not divide, a sequence longer than the position table.
+Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM, checkpoint saved).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import gin
+from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables: public API)
+    CONFIG_ERROR_EXIT_CODE,
+    GIN_DIR,
+    ConfigError,
+    _nearest,
+    import_task_modules,
+    load_config,
+    model_config_from_gin,
+    register_configurables,
+)
+
+
+def run_info(args) -> dict:
+    """`lmsuite info`: parameter counts, shapes and logical axes of the configured model."""
+    from lmsuite.models import summary
+
+    bindings = [b for b in args.gin_bindings]
+    config = model_config_from_gin(args.gin_file, bindings, search_paths=args.gin_search_paths)
+    result = summary.summarize(config)
+    if args.json:
+        print(summary.summary_json(result))
+    else:
+        print(summary.format_summary(result, title=", ".join(args.gin_file)))
+    return result
+
+
+def run_vocab(args) -> str:
+    """`lmsuite vocab train`: a deterministic SentencePiece model for an embedded corpus."""
+    from lmsuite.data import vocab
+
+    path = vocab.train_vocab(
+        corpus=args.corpus, size=args.size, out_dir=args.out_dir, seed=args.seed
+    )
+    print(path)
+    return str(path)
+
+
+def run_tasks(args) -> None:
+    """`lmsuite tasks list` / `lmsuite tasks show NAME --n 3` (after `--task_module` imports)."""
+    problems = import_task_modules(args.task_module)
+    if problems:
+        raise ConfigError(problems)
+    from lmsuite.data import inspect as task_inspect
+
+    if args.action == "list":
+        print("\n".join(task_inspect.list_tasks()))
+        return
+    if not args.name:
+        raise ConfigError(["`lmsuite tasks show` needs a task name; see `lmsuite tasks list`"])
+    known = task_inspect.list_tasks()
+    if args.name not in known:
+        raise ConfigError([f"unknown task {args.name!r}{_nearest(args.name, known)}"])
+    print(task_inspect.show_task(args.name, n=args.n, split=args.split, seed=args.seed))
+
+
+def run_recipes(args) -> None:
+    """`lmsuite recipes list` / `lmsuite recipes show NAME`."""
+    from lmsuite.training import recipe_table
+
+    if args.action == "list":
+        print(recipe_table.format_list())
+        return
+    if not args.name:
+        raise ConfigError(
+            ["`lmsuite recipes show` needs a recipe name; see `lmsuite recipes list`"]
+        )
+    from lmsuite.training import recipes
+
+    if args.name not in recipes.RECIPES:
+        raise ConfigError([f"unknown recipe {args.name!r}{_nearest(args.name, recipes.RECIPES)}"])
+    print(recipe_table.format_recipe(recipes.RECIPES[args.name]))
+
+
+# ---------------------------------------------------------------------------- commands
+def _add_gin_flags(parser: argparse.ArgumentParser, *, default_files=(), model_dir=None) -> None:
+    parser.add_argument(
+        "--gin_file",
+        action="append",
+        default=None,
+        help="gin file (repeatable; searched in --gin_search_paths and gin/)",
+    )
+    parser.add_argument(
+        "--gin_search_paths",
+        type=lambda s: s.split(","),
+        default=[],
+        help="comma-separated directories to search for gin files",
+    )
+    parser.add_argument(
+        "--model_dir",
+        required=model_dir is None,
+        default=model_dir,
+        help="checkpoints, config.gin, metrics.jsonl and TensorBoard logs",
+    )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="call jax.distributed.initialize() first (multi-host: every host runs the command)",
+    )
+    _add_task_module_flag(parser)
+    parser.add_argument(
+        "--tfds_data_dir",
+        default=None,
+        help="where TFDS datasets are prepared (local or gs://; default $TFDS_DATA_DIR or "
+        "~/tensorflow_datasets), for the wikipedia_* and c4_* tasks",
+    )
+    parser.set_defaults(default_gin_files=list(default_files))
+
+
+def _add_task_module_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--task_module",
+        action="append",
+        default=[],
+        help="a Python module to import before tasks are looked up, registering your own SeqIO "
+        "tasks (repeatable; a gin `import my_pkg.tasks` line does the same)",
+    )
+
+
+GIN_EPILOG = """\
+gin bindings:
+  --gin.KEY=VALUE       bind a gin parameter or macro, as in T5X (repeatable), e.g.
+                        --gin.TRAIN_STEPS=100  --gin.ModelConfig.d_model=128
+                        --gin.RECIPE="'t5_span_corruption'"  (strings keep their quotes)
+recipes: `lmsuite recipes list`; tasks: `lmsuite tasks list`.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmsuite", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    formatter = argparse.RawDescriptionHelpFormatter
+    train = commands.add_parser(
+        "train",
+        help="train from gin files (T5X flags)",
+        epilog=GIN_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_gin_flags(train)
+    train.set_defaults(handler=run_train)
+    pretrain = commands.add_parser(
+        "pretrain",
+        help="pretrain on CPU: gin/experiments/default.gin (a small BERT) or another experiment",
+        epilog=GIN_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_gin_flags(pretrain, default_files=["experiments/default.gin"], model_dir="")
+    pretrain.set_defaults(handler=run_pretrain)
+    info = commands.add_parser(
+        "info", help="parameter counts (total, embedding, per module), shapes, logical axes"
+    )
+    info.add_argument("--gin_file", action="append", required=True, help="model gin file(s)")
+    info.add_argument("--gin_search_paths", type=lambda s: s.split(","), default=[])
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    info.set_defaults(handler=run_info)
+
+    vocab = commands.add_parser("vocab", help="train a SentencePiece vocabulary")
+    vocab.add_argument("action", choices=["train"])
+    vocab.add_argument("--corpus", required=True, help="an embedded corpus, e.g. wiki_sample")
+    vocab.add_argument("--size", type=int, required=True, help="pieces, specials included")
+    vocab.add_argument("--out_dir", default=None, help="default: the lmsuite cache")
+    vocab.add_argument("--seed", type=int, default=0)
+    vocab.set_defaults(handler=run_vocab)
+
+    tasks = commands.add_parser("tasks", help="list registered tasks or show decoded examples")
+    tasks.add_argument("action", choices=["list", "show"])
+    tasks.add_argument("name", nargs="?", default=None)
+    tasks.add_argument("--n", type=int, default=3, help="examples to show")
+    tasks.add_argument("--split", default="validation")
+    tasks.add_argument("--seed", type=int, default=0)
+    _add_task_module_flag(tasks)
+    tasks.set_defaults(handler=run_tasks)
+
+    recipe_parser = commands.add_parser(
+        "recipes", help="list the recipes (task objective, converter, loss, model) or show one"
+    )
+    recipe_parser.add_argument("action", choices=["list", "show"])
+    recipe_parser.add_argument("name", nargs="?", default=None)
+    recipe_parser.set_defaults(handler=run_recipes)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """argparse plus T5X's dynamic `--gin.KEY=VALUE` flags."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    bindings = [a[len("--gin.") :] for a in argv if a.startswith("--gin.")]
+    args = build_parser().parse_args([a for a in argv if not a.startswith("--gin.")])
+    args.gin_bindings = [b.replace("=", " = ", 1) for b in bindings]
+    if hasattr(args, "default_gin_files") and args.gin_file is None:
+        args.gin_file = args.default_gin_files
+    if getattr(args, "model_dir", None) == "":  # pretrain: runs/<experiment>
+        args.model_dir = f"runs/{Path(args.gin_file[0]).stem}"
+    return args
+
+
+def run_train(args):
+    kwargs, result = _train(args)
+    print(summary_text(kwargs, result))
+    return result
+
+
+def _train(args):
+    """(train's arguments, the run's `loop.RunResult`)."""
+    import jax
+
+    from lmsuite.training import loop
+
+    if args.distributed:
+        jax.distributed.initialize()
+
+    kwargs = load_config(args)
+    from etils import epath
+
+    model_dir = epath.Path(args.model_dir)  # local or gs://
+    model_dir.mkdir(parents=True, exist_ok=True)
+    # Every configurable was called while the arguments were collected: this is the operative
+    # config, as T5X writes it.
+    (model_dir / "config.gin").write_text(gin.operative_config_str())
+    return kwargs, loop.train(model_dir=str(model_dir), checked=True, **kwargs)
+
+
+def _metric_line(metrics: dict, keys) -> str:
+    return "  ".join(f"{k.removeprefix('eval/')} {metrics[k]:.4f}" for k in keys if k in metrics)
+
+
+def summary_text(kwargs: dict, result) -> str:
+    """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
+    recipe = kwargs["recipe"].recipe
+    metric_keys = ["loss", *recipe.metrics]
+    train = result.train_metrics
+    lines = [
+        f"lmsuite train: step {result.step} of {kwargs['train_steps']} on {kwargs['task']!r} "
+        f"with recipe {recipe.name!r}",
+        f"  final train:  {_metric_line(train, metric_keys)}"
+        + (f"  ({train['tokens_per_sec']:.0f} tokens/s)" if "tokens_per_sec" in train else ""),
+    ]
+    held_out = result.eval_metrics
+    split = kwargs.get("eval_split", "validation")
+    if held_out:
+        eval_keys = [f"eval/{k}" for k in metric_keys]
+        lines.append(f"  held-out ({split}):  {_metric_line(held_out, eval_keys)}")
+    else:
+        lines.append("  held-out: no evaluation ran (train.final_eval = False)")
+    model_dir = Path(result.model_dir) if "://" not in result.model_dir else result.model_dir
+    steps = ", ".join(map(str, result.checkpoints)) or "none"
+    lines += [
+        f"  checkpoints:  {model_dir}/checkpoints (steps {steps})",
+        f"  metrics:      {model_dir}/metrics.jsonl",
+        f"  tensorboard:  tensorboard --logdir {model_dir}/tensorboard",
+        f"  config:       {model_dir}/config.gin",
+    ]
+    return "\n".join(lines)
+
+
+UNIGRAM_BATCHES = 1000  # train batches the unigram baseline counts at most
+
+
+def run_pretrain(args):
+    from lmsuite.training import input_pipeline, metrics, report
+
+    kwargs, result = _train(args)
+    print(summary_text(kwargs, result))
+    built = kwargs["recipe"]
+    data = dict(
+        task=kwargs["task"],
+        sequence_length=kwargs["sequence_length"],
+        feature_converter=built.feature_converter,
+        global_batch_size=kwargs["batch_size"],
+    )
+    held_out = input_pipeline.eval_dataset(  # the batches the run's evaluation read
+        **data,
+        split=kwargs.get("eval_split", input_pipeline.EVAL_SPLIT),
+        batches=kwargs.get("eval_batches", input_pipeline.EVAL_BATCHES),
+    )
+    targets, weights = built.recipe.prediction_features
+    baselines = report.baselines(
+        held_out.as_numpy_iterator(),
+        # The whole train split of the embedded corpora; a prefix of a production corpus's.
+        train_batches=input_pipeline.process_dataset(
+            **data, split="train", shuffle=False, repeat=False
+        )
+        .take(UNIGRAM_BATCHES)
+        .as_numpy_iterator(),
+        targets=targets,
+        weights=weights,
+        vocab_size=kwargs["model_config"].vocab_size,
+    )
+    from lmsuite.training.checkpointing import absolute
+
+    model_dir = absolute(args.model_dir)
+    png = model_dir / "loss_curve.png"
+    report.plot_loss_curve(
+        metrics.read_jsonl(model_dir / "metrics.jsonl"), png, baseline=baselines.majority
+    )
+    print(f"  loss curve:   {png}")
+    held = result.eval_metrics
+    accuracy_key, entropy_key = (f"eval/{k}" for k in built.recipe.learning_metrics)
+    what = built.recipe.prediction_name
+    if accuracy_key in held and baselines.majority is not None:
+        print(
+            f"held-out {what} accuracy: {held[accuracy_key]:.4f} (always the most frequent "
+            f"target: {baselines.majority:.4f})"
+        )
+    if entropy_key in held and baselines.unigram_cross_entropy is not None:
+        print(
+            f"held-out {what} cross-entropy: {held[entropy_key]:.4f} nats (unigram of "
+            f"{baselines.train_targets:,} train-split targets: "
+            f"{baselines.unigram_cross_entropy:.4f})"
+        )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: it may be relaunched
+        from lmsuite.training import host_malloc
+
+        host_malloc.relaunch_with_settings()
+    args = parse_args(argv)
+    from lmsuite.training import loop
+
+    try:
+        args.handler(args)
+    except ConfigError as error:
+        print(f"lmsuite: configuration errors:\n{error}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT_CODE
+    except loop.NonFiniteLossError as error:
+        print(f"lmsuite: {error}", file=sys.stderr)
+        return loop.DIVERGED_EXIT_CODE
+    except loop.Preempted as error:
+        print(f"lmsuite: {error}", file=sys.stderr)
+        return loop.PREEMPTED_EXIT_CODE
+    return 0
