@@ -1,6 +1,7 @@
 """`from_hf` / `to_hf`: HuggingFace checkpoints in and out of lmsuite.
 
 model = from_hf(hf_model_or_dir)      # .config, .params, .logits(...) == HF's .logits
+model.logits_and_mems(...)             # XLNet: (HF's .logits, HF's .mems)
 to_hf(config, params, out_dir)         # safetensors + config.json that transformers loads
 """
 
@@ -39,15 +40,26 @@ class ConvertedModel:
         self._apply = jax.jit(lambda p, kw: model.apply({"params": p}, **kw))
 
     def outputs(
-        self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None
-    ) -> dict[str, np.ndarray]:
-        """Every output of the lmsuite model, on HF-style inputs (numpy or torch)."""
+        self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None, **extra
+    ) -> dict[str, Any]:
+        """Every output of the lmsuite model, on HF-style inputs (numpy or torch).
+
+        `extra` holds the HF keyword inputs only some families take (`Family.extra_inputs`,
+        e.g. XLNet's perm_mask, target_mapping, mems).
+        """
+        unknown = sorted(set(extra) - set(self.family.extra_inputs))
+        if unknown:
+            raise ValueError(
+                f"{self.hf_class} takes no {unknown}; its extra inputs are "
+                f"{list(self.family.extra_inputs)}"
+            )
         kwargs = self.family.model_inputs(
             self.hf_config,
             _np(input_ids),
             attention_mask=_np(attention_mask),
             token_type_ids=_np(token_type_ids),
             decoder_input_ids=_np(decoder_input_ids),
+            **{k: jax.tree.map(_np, v) for k, v in extra.items()},
         )
         # Checked here, on concrete values, since inside jit the ids are tracers.
         validate_inputs(
@@ -56,12 +68,21 @@ class ConvertedModel:
             token_type_ids=kwargs.get("token_type_ids"),
             decoder_input_ids=kwargs.get("decoder_input_ids"),
         )
-        return {k: np.asarray(v) for k, v in self._apply(self.params, kwargs).items()}
+        return jax.tree.map(np.asarray, self._apply(self.params, kwargs))
 
-    def logits(self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None):
+    def logits(
+        self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None, **extra
+    ):
         """The array HF's `.logits` (or `.prediction_logits`) holds for the same inputs."""
-        out = self.outputs(input_ids, attention_mask, token_type_ids, decoder_input_ids)
+        out = self.outputs(input_ids, attention_mask, token_type_ids, decoder_input_ids, **extra)
         return self.family.hf_logits(out, self.hf_class)
+
+    def logits_and_mems(self, input_ids, attention_mask=None, token_type_ids=None, **extra):
+        """(HF's `.logits`, HF's `.mems`) for a family with a memory (XLNet, with use_mems)."""
+        if self.family.hf_mems is None:
+            raise ValueError(f"{self.hf_class} keeps no memory between segments")
+        out = self.outputs(input_ids, attention_mask, token_type_ids, **extra)
+        return self.family.hf_logits(out, self.hf_class), self.family.hf_mems(out, self.hf_class)
 
 
 def _np(x):

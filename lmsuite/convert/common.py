@@ -35,9 +35,12 @@ class Family:
     config_to_hf(config, hf_class) -> transformers config
     params_from_hf(state_dict, config, hf_class) -> params (flat "a/b/c" keys)
     params_to_hf(flat_params, config, hf_class) -> state_dict
-    model_inputs(hf_config, input_ids, attention_mask, token_type_ids, decoder_input_ids)
+    model_inputs(hf_config, input_ids, attention_mask, token_type_ids, decoder_input_ids,
+                 **extra_inputs)
         -> kwargs for Transformer.apply, reproducing what HF derives itself (positions, shifts)
     hf_logits(outputs_dict, hf_class) -> the array HF's `.logits` holds
+    extra_inputs: further HF keyword inputs the family takes (XLNet: perm_mask, mems, ...)
+    hf_mems(outputs_dict, hf_class) -> what HF's `.mems` holds, for families with a memory
     """
 
     name: str
@@ -48,6 +51,8 @@ class Family:
     params_to_hf: Callable
     model_inputs: Callable
     hf_logits: Callable
+    extra_inputs: tuple[str, ...] = ()
+    hf_mems: Callable | None = None
 
 
 def mlm_logits(outputs, hf_class: str):
@@ -139,14 +144,15 @@ def kernel_to_linear(kernel: np.ndarray, n_in: int = 1) -> np.ndarray:
 def abstract_params(config: ModelConfig, *, decoder_length: int | None = None) -> Params:
     """The model's parameter shapes (flat keys), from abstract evaluation: nothing allocated."""
     model = Transformer(config)
-    ids = jax.ShapeDtypeStruct((1, 8), np.int32)
+    # Batch 2: XLNet's bi_data splits the batch into forward and backward halves.
+    ids = jax.ShapeDtypeStruct((2, 8), np.int32)
     kwargs = {}
     if config.architecture == "encoder_decoder":
         kwargs["decoder_input_ids"] = ids
     if config.architecture == "prefix_lm":
         kwargs["prefix_mask"] = ids
     shapes = jax.eval_shape(
-        lambda rng: model.init(rng, np.zeros((1, 8), np.int32), **_zeros(kwargs)),
+        lambda rng: model.init(rng, np.zeros(ids.shape, np.int32), **_zeros(kwargs)),
         jax.random.PRNGKey(0),
     )
     return traverse_util.flatten_dict(nn.unbox(shapes["params"]), sep="/")

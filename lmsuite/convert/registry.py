@@ -4,7 +4,7 @@ from lmsuite.convert.common import Family
 from lmsuite.models import ModelConfig
 
 # Family modules, each defining FAMILY. A module that is not written yet is simply absent.
-_MODULES = ("bert", "roberta", "albert", "electra", "gpt2", "t5", "bart", "deberta")
+_MODULES = ("bert", "roberta", "albert", "electra", "gpt2", "t5", "bart", "deberta", "xlnet")
 
 
 def families() -> list[Family]:
@@ -30,6 +30,8 @@ def infer_hf_class(config: ModelConfig) -> str:
     """Guesses the HF class from config features; raises when the config has no HF twin."""
     heads = set(config.heads)
     arch = config.architecture
+    if arch == "xlnet":
+        return "XLNetLMHeadModel"
     if arch == "decoder" and heads == {"lm"}:
         return "GPT2LMHeadModel"
     if arch == "encoder_decoder":

@@ -7,4 +7,5 @@ Dimension key, used in every array name and einsum of lmsuite (`x_BLD`, `w_DHK`)
     F mlp width       V vocabulary           E factorized embedding width
     P gathered (predicted) positions         T segment-type vocabulary
     R relative-position buckets or distances
+    C cached memory length (Transformer-XL / XLNet; its keys are M = C + L)
 """

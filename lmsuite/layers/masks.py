@@ -38,6 +38,28 @@ def causal_mask(length: int) -> jnp.ndarray:
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
+def causal_memory_mask(length: int, memory: int, *, same_length: bool = False) -> jnp.ndarray:
+    """Transformer-XL's causal mask over `memory` cached keys then `length` current ones:
+    query i (at absolute position memory + i) sees keys j <= memory + i -> (1, 1, L, C + L).
+
+    With `same_length` every query sees the same number of keys (L + C): query i also loses the
+    first i keys.
+
+    >>> causal_memory_mask(2, 1)[0, 0].astype(int)
+    Array([[1, 1, 0], [1, 1, 1]], dtype=int32)
+    >>> causal_memory_mask(2, 1, same_length=True)[0, 0].astype(int)
+    Array([[1, 1, 0], [0, 1, 1]], dtype=int32)
+    """
+    if length < 0 or memory < 0:
+        raise ValueError(f"length={length} and memory={memory} must be >= 0")
+    i_L1 = jnp.arange(length)[:, None]
+    j_1M = jnp.arange(memory + length)[None, :]
+    allowed = j_1M <= memory + i_L1
+    if same_length:
+        allowed = allowed & (j_1M >= i_L1)
+    return allowed[None, None]
+
+
 def prefix_lm_mask(prefix_BL) -> jnp.ndarray:
     """Causal everywhere, bidirectional inside the prefix: (B, L) -> (B, 1, L, L).
 

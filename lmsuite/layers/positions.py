@@ -1,4 +1,5 @@
-"""Position information: learned and sinusoidal absolute tables, T5 relative-position buckets.
+"""Position information: learned and sinusoidal absolute tables, T5 relative-position buckets,
+Transformer-XL's sinusoidal encodings of relative distances.
 
 DeBERTa's disentangled relative positions live with its attention in `disentangled.py`.
 """
@@ -28,6 +29,25 @@ def sinusoidal_table(num_positions: int, width: int) -> np.ndarray:
     table[:, 0::2] = np.sin(pos * inv_freq)
     table[:, 1::2] = np.cos(pos * inv_freq)
     return table.astype(np.float32)
+
+
+def relative_sinusoids(distances_R, width: int) -> jnp.ndarray:
+    """Transformer-XL's encoding of relative distances, halves not interleaved:
+    out[r] = [sin(d_r f_0), ..., sin(d_r f_{W/2-1}), cos(d_r f_0), ..., cos(d_r f_{W/2-1})] with
+    f_i = 10000^(-2i/W). Float32 arithmetic in the reference's order, so that converted models
+    match it to rounding. Distances may be negative (keys after the query) or clamped.
+
+    >>> relative_sinusoids(jnp.array([1.0, 0.0]), 4).round(4)
+    Array([[0.8415, 0.01  , 0.5403, 1.    ],
+           [0.    , 0.    , 1.    , 1.    ]], dtype=float32)
+    """
+    if width % 2:
+        raise ValueError(f"relative sinusoids need an even width, got {width}")
+    if distances_R.ndim != 1:
+        raise ValueError(f"distances must be a vector, got shape {tuple(distances_R.shape)}")
+    inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, width, 2, dtype=jnp.float32) / width))
+    angles_RW = distances_R.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.concatenate([jnp.sin(angles_RW), jnp.cos(angles_RW)], axis=-1)
 
 
 def t5_relative_bucket(

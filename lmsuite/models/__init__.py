@@ -1,6 +1,6 @@
 """Architectures assembled from `lmsuite.layers`."""
 
-from lmsuite.models.config import ModelConfig
+from lmsuite.models.config import ModelConfig, XLNetOptions
 from lmsuite.models.transformer import Transformer
 
-__all__ = ["ModelConfig", "Transformer"]
+__all__ = ["ModelConfig", "Transformer", "XLNetOptions"]

@@ -8,11 +8,64 @@ import jax.numpy as jnp
 from lmsuite.layers.mlp import ACTIVATIONS
 from lmsuite.layers.norm import NORM_TYPES
 
-ARCHITECTURES = ("encoder", "decoder", "prefix_lm", "encoder_decoder")
+ARCHITECTURES = ("encoder", "decoder", "prefix_lm", "encoder_decoder", "xlnet")
 POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "none")
 SHARING = ("none", "all", "attention", "ffn")
 HEADS = ("mlm", "lm", "classifier", "rtd")
 DTYPES = ("float32", "bfloat16", "float16")
+XLNET_ATTENTION_TYPES = ("bi", "uni")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class XLNetOptions:
+    """The options of architecture="xlnet" (Yang et al. 2019) that sizes alone do not decide.
+
+    mem_len       states each layer keeps as memory for the next segment: the last mem_len of
+                  concat(old memory, layer input). None keeps them all (what HF does for
+                  mem_len None or 0); a training state needs a fixed number.
+    reuse_len     only the first reuse_len positions of a segment enter the memory (XLNet's
+                  pretraining reuses the first part of each example); None: all of them.
+    clamp_len     relative distances beyond +-clamp_len share the encoding of clamp_len;
+                  -1: no clamping.
+    attn_type     "bi": every position sees every other (subject to perm_mask); "uni": causal
+                  over memory and segment, as Transformer-XL.
+    bi_data       the second half of the batch reads the relative distances negated (the
+                  backward half of XLNet's bidirectional input pipeline); needs an even batch.
+    untie_r       one set of content/position/segment biases per layer (True, as the released
+                  checkpoints) or one set shared by all layers.
+    same_length   with attn_type="uni", every query sees the same number of keys.
+    """
+
+    mem_len: int | None = None
+    reuse_len: int | None = None
+    clamp_len: int = -1
+    attn_type: str = "bi"
+    bi_data: bool = False
+    untie_r: bool = True
+    same_length: bool = False
+
+    def __post_init__(self):
+        if self.attn_type not in XLNET_ATTENTION_TYPES:
+            raise ValueError(
+                f"XLNetOptions.attn_type must be one of {XLNET_ATTENTION_TYPES}, "
+                f"got {self.attn_type!r}"
+            )
+        for name in ("mem_len", "reuse_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(
+                    f"XLNetOptions.{name} must be None or a positive int, got {value!r}"
+                )
+        if not isinstance(self.clamp_len, int) or (self.clamp_len != -1 and self.clamp_len < 1):
+            raise ValueError(
+                f"XLNetOptions.clamp_len must be -1 (no clamping) or >= 1, got {self.clamp_len!r}"
+            )
+        for name in ("bi_data", "untie_r", "same_length"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"XLNetOptions.{name} must be a bool, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "XLNetOptions":
+        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +100,10 @@ class ModelConfig:
       sharing          share_layers: none, all (ALBERT), attention, ffn (ALBERT's ablation).
       heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
                        (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA).
+      xlnet            XLNetOptions, set exactly when architecture="xlnet". XLNet reads the
+                       sizes, activation, norm_eps, dropout, init_stddev, tie_embeddings,
+                       output_bias and dtype; its positions are relative sinusoids, so
+                       position_type, max_length and type_vocab_size play no part.
     """
 
     architecture: str = "encoder"
@@ -108,6 +165,8 @@ class ModelConfig:
     pad_id: int = 0
     decoder_start_id: int = 0
     dtype: str = "float32"
+
+    xlnet: XLNetOptions | None = None
 
     def __post_init__(self):
         self._validate()
@@ -211,3 +270,37 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value}")
+        self._validate_xlnet()
+
+    def _validate_xlnet(self):
+        if self.architecture != "xlnet":
+            if self.xlnet is not None:
+                raise ValueError(
+                    f"ModelConfig.xlnet is for architecture='xlnet', not {self.architecture!r}"
+                )
+            return
+        if not isinstance(self.xlnet, XLNetOptions):
+            raise ValueError(
+                f"architecture='xlnet' needs ModelConfig.xlnet=XLNetOptions(...), "
+                f"got {self.xlnet!r}"
+            )
+        if tuple(self.heads) != ("lm",):
+            raise ValueError(f"architecture='xlnet' has heads=('lm',) only, got {self.heads!r}")
+        # Options the XLNet module does not read: refuse them rather than drop them silently.
+        expected = dict(
+            share_layers="none",
+            embedding_dim=None,
+            project_embeddings=False,
+            norm_type="layernorm",
+            norm_position="post",
+        )
+        for name, value in expected.items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"architecture='xlnet' needs ModelConfig.{name}={value!r}, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if self.d_model % 2:
+            raise ValueError(
+                f"architecture='xlnet' needs an even d_model for its sinusoids, got {self.d_model}"
+            )

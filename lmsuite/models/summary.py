@@ -17,7 +17,7 @@ _EMBEDDING_TABLES = ("token_embedder/", "type_embedder/", "position_embedder/")
 def abstract_variables(config: ModelConfig, *, length: int = 8):
     """`Transformer(config).init` evaluated on shapes: boxed params, nothing allocated."""
     model = Transformer(config)
-    ids = np.zeros((1, length), np.int32)
+    ids = np.zeros((2, length), np.int32)  # batch 2: XLNet's bi_data needs an even batch
     kwargs = {}
     if config.architecture == "encoder_decoder":
         kwargs["decoder_input_ids"] = ids

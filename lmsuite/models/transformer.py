@@ -4,6 +4,8 @@
     decoder          GPT: causal.
     prefix_lm        a decoder whose prefix (marked by `prefix_mask`) is bidirectional.
     encoder_decoder  T5, BART, MASS: a bidirectional encoder, a causal decoder with cross-attention.
+    xlnet            XLNet's two streams, its own module (`two_stream.py`), built in this
+                     module's scope so that its parameters sit at the top of the tree too.
 
 Parameters live outside the module: `params = Transformer(cfg).init(rng, ids)["params"]`.
 """
@@ -18,6 +20,8 @@ from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
 from lmsuite.models.heads import Classifier, ReplacedTokenHead, VocabHead, gather_positions
 from lmsuite.models.stack import Stack
+from lmsuite.models.two_stream import TwoStreamTransformer
+from lmsuite.models.two_stream import validate_inputs as validate_two_stream_inputs
 
 
 def _is_concrete(x) -> bool:
@@ -66,6 +70,12 @@ def validate_inputs(
 ):
     """Raises ValueError for inputs the model cannot take; id ranges are checked when concrete."""
     cfg = config
+    if cfg.architecture == "xlnet":
+        others = dict(position_ids=position_ids, segment_ids=segment_ids, prefix_mask=prefix_mask)
+        others["decoder_input_ids"] = decoder_input_ids
+        _refuse_given(others, "architecture='xlnet'")
+        validate_two_stream_inputs(cfg, input_ids, token_type_ids=token_type_ids)
+        return
     _check_ids("input_ids", input_ids, cfg.vocab_size)
     _check_length(cfg, "input_ids", input_ids.shape[1])
     if token_type_ids is not None:
@@ -87,11 +97,19 @@ def validate_inputs(
         _check_length(cfg, "decoder_input_ids", decoder_input_ids.shape[1])
 
 
+def _refuse_given(inputs: dict, what: str):
+    given = sorted(name for name, x in inputs.items() if x is not None)
+    if given:
+        raise ValueError(f"{what} does not take {given}")
+
+
 class Transformer(nn.Module):
     """ids -> dict of outputs: `hidden` and one entry per configured head.
 
     Outputs: `mlm_logits` (B, P, V) at `masked_positions`, or (B, L, V) without them;
     `lm_logits` (B, L, V); `classifier_logits` (B, num_labels); `rtd_logits` (B, L).
+    XLNet: `lm_logits` (B, P, V) at `target_mapping`'s positions, or (B, L, V) without it, and
+    `new_mems` (see `two_stream.TwoStreamTransformer`).
     """
 
     config: ModelConfig
@@ -112,6 +130,9 @@ class Transformer(nn.Module):
         decoder_segment_ids=None,
         cross_attention_mask=None,
         masked_positions=None,
+        perm_mask=None,
+        target_mapping=None,
+        mems=None,
         deterministic: bool = True,
     ) -> dict[str, jax.Array]:
         """Runs the model.
@@ -127,9 +148,35 @@ class Transformer(nn.Module):
           cross_attention_mask: (B, L) 1 on the encoder positions the decoder may attend to
             (on top of padding and segments; MASS hides the encoder's [MASK] positions).
           masked_positions: (B, P) positions at which to compute MLM logits.
+          perm_mask, target_mapping, mems: XLNet only, see `TwoStreamTransformer`.
           deterministic: False enables dropout (needs a "dropout" rng).
         """
         cfg = self.config
+        xlnet_inputs = dict(perm_mask=perm_mask, target_mapping=target_mapping, mems=mems)
+        if cfg.architecture == "xlnet":
+            others = dict(
+                position_ids=position_ids,
+                segment_ids=segment_ids,
+                prefix_mask=prefix_mask,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                decoder_position_ids=decoder_position_ids,
+                decoder_segment_ids=decoder_segment_ids,
+                cross_attention_mask=cross_attention_mask,
+                masked_positions=masked_positions,
+            )
+            _refuse_given(others, "architecture='xlnet'")
+            model = TwoStreamTransformer(config=cfg)
+            # The XLNet module's parameters become this module's own: no extra tree level.
+            nn.share_scope(self, model)
+            return model(
+                input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                deterministic=deterministic,
+                **xlnet_inputs,
+            )
+        _refuse_given(xlnet_inputs, f"architecture={cfg.architecture!r}")
         validate_inputs(
             cfg,
             input_ids,

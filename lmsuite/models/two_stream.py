@@ -1,0 +1,437 @@
+"""XLNet (Yang et al. 2019): two-stream attention over Transformer-XL's relative positions and
+memory.
+
+The content stream h is an ordinary bidirectional (or, with attn_type="uni", causal) stream over
+the tokens. The query stream g starts from one learned vector, `mask_emb`, at each of the P
+predicted positions named by `target_mapping`, and attends to the content stream without ever
+seeing its own token: that is what lets a permutation LM predict a token from its position alone.
+Both streams share every projection, norm and FFN of a layer; keys and values always come from
+the content stream, prefixed by the memory of the previous segment.
+
+`perm_mask[b, i, j] = 1` blocks query i from key j (both streams, except that the content stream
+always sees itself). A query whose every key is blocked attends to all keys uniformly, as in
+the reference implementation and HF (scores are shifted by -1e30, not removed); XLNet's data
+keeps every row open (non-target tokens and memory are visible to all).
+
+Parameters (flat paths): `token_embedder`, `mask_emb`, `layers_{i}/attention/{query,key,value,
+position,out}` and its biases, `layers_{i}/{post_attention_norm,mlp,post_mlp_norm}`,
+`relative_biases` when untie_r=False, and `lm_head`. `Transformer(config)` builds this module in
+its own scope for architecture="xlnet", so these paths sit at the top of the tree.
+"""
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lmsuite import partitioning as P
+from lmsuite.layers.dense import DenseGeneral, default_kernel_init
+from lmsuite.layers.masks import causal_memory_mask
+from lmsuite.layers.mlp import MLP
+from lmsuite.layers.norm import make_norm
+from lmsuite.layers.positions import relative_sinusoids
+from lmsuite.models.config import ModelConfig
+from lmsuite.models.embedder import make_token_embedder
+from lmsuite.models.heads import VocabHead
+
+# Score shift of a blocked key. Float32 scores are O(10), far below the spacing of floats near
+# 1e30, so a fully blocked row becomes uniform exactly as in the reference.
+_BLOCKED = 1e30
+
+
+# --------------------------------------------------------------------------- validation
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def validate_inputs(
+    config: ModelConfig,
+    input_ids,
+    *,
+    attention_mask=None,
+    token_type_ids=None,
+    perm_mask=None,
+    target_mapping=None,
+    mems=None,
+):
+    """Raises ValueError for inputs XLNet cannot take; id ranges are checked when concrete."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+    batch, length = input_ids.shape
+    for name, ids in (("input_ids", input_ids), ("token_type_ids", token_type_ids)):
+        if ids is None:
+            continue
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ValueError(f"{name} must hold integers, got dtype {ids.dtype}")
+        if tuple(ids.shape) != (batch, length):
+            raise ValueError(f"{name} must be (B, L) = {(batch, length)}, got {tuple(ids.shape)}")
+        if _concrete(ids) and ids.size:
+            values = np.asarray(ids)
+            hi = config.vocab_size if name == "input_ids" else None
+            if values.min() < 0 or (hi is not None and values.max() >= hi):
+                bad = values.min() if values.min() < 0 else values.max()
+                raise ValueError(f"{name} holds id {int(bad)}, outside [0, {hi or 'inf'})")
+    shapes = (
+        ("attention_mask", attention_mask, (batch, length)),
+        ("perm_mask", perm_mask, (batch, length, length)),
+    )
+    for name, x, expected in shapes:
+        if x is not None and tuple(x.shape) != expected:
+            raise ValueError(f"{name} must be {expected}, got {tuple(x.shape)}")
+    if target_mapping is not None:
+        tm = tuple(target_mapping.shape)
+        if len(tm) != 3 or tm[0] != batch or tm[2] != length or tm[1] < 1:
+            raise ValueError(
+                f"target_mapping must be (B, P, L) = ({batch}, P >= 1, {length}), got {tm}"
+            )
+    if mems is not None:
+        if len(mems) != config.num_layers:
+            raise ValueError(
+                f"mems must hold one array per layer ({config.num_layers}), got {len(mems)}"
+            )
+        first = tuple(mems[0].shape)
+        if len(first) != 3 or first[0] != batch or first[2] != config.d_model:
+            raise ValueError(
+                f"mems[0] must be (B, C, D) = ({batch}, C, {config.d_model}), got {first}"
+            )
+        for i, m in enumerate(mems):
+            if tuple(m.shape) != first:
+                raise ValueError(
+                    f"mems[{i}] has shape {tuple(m.shape)}, but mems[0] has {first}; every "
+                    "layer keeps the same memory length"
+                )
+    if config.xlnet.bi_data and batch % 2:
+        raise ValueError(
+            f"XLNetOptions.bi_data needs an even batch (forward and backward halves), got {batch}"
+        )
+
+
+# ------------------------------------------------------------------------- attention
+def relative_shift(scores_BHLR, num_keys: int):
+    """Scores against relative distances -> scores against keys: out[..., i, j] =
+    scores[..., i, j + L - i]. With distances R listed from M down, entry r of row i is the
+    distance M - r, so out[i, j] pairs query i (at C + i) with distance C + i - j.
+
+    The reshape shifts row i left by L - i without a gather (Dai et al. 2019, appendix B).
+    Entries whose distance falls outside R (future keys under attn_type="uni") are garbage and
+    must be masked by the caller.
+    """
+    b, h, length, r = scores_BHLR.shape
+    shifted = scores_BHLR.reshape(b, h, r, length)[:, :, 1:, :].reshape(b, h, length, r - 1)
+    return shifted[..., :num_keys]
+
+
+def relative_bias_params(module: nn.Module, config: ModelConfig) -> dict[str, jax.Array]:
+    """The query biases of relative attention, created in `module`: `content_bias` (u, HF's
+    r_w_bias), `position_bias` (v, r_r_bias) and `segment_bias` (r_s_bias), each (H, K)."""
+    init = nn.with_logical_partitioning(default_kernel_init(config.init_stddev), (P.HEADS, P.KV))
+    shape = (config.num_heads, config.head_width)
+    names = ("content_bias", "position_bias", "segment_bias")
+    return {name: module.param(name, init, shape) for name in names}
+
+
+class RelativeBiases(nn.Module):
+    """One set of relative-attention biases shared by every layer (untie_r=False)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self) -> dict[str, jax.Array]:
+        return relative_bias_params(self, self.config)
+
+
+class TwoStreamAttention(nn.Module):
+    """Relative multi-head attention of both streams over the content keys and values.
+
+    Submodules `query`, `key`, `value`, `position` (D -> H, K) and `out` (H, K -> D), none with
+    a bias; parameter `segment_embedding` (2, H, K): "same segment", "different segment".
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        h_BLD,
+        g_BPD,
+        *,
+        shared_biases,
+        mem_BCD,
+        positions,
+        other_segment_B1LM,
+        content_allowed,
+        query_allowed,
+        target_BPL,
+        deterministic,
+    ):
+        """Returns the attention outputs (before residual and norm) of h and of g (or None).
+
+        `shared_biases` are the stack's RelativeBiases (untie_r=False), or None for this
+        layer's own. `positions` is a tuple of (R, D) encodings: one, or two under bi_data
+        (forward for the first half of the batch, backward for the second).
+        """
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        kinit = default_kernel_init(cfg.init_stddev)
+        proj = lambda name: DenseGeneral(
+            (cfg.num_heads, cfg.head_width),
+            (P.EMBED,),
+            (P.HEADS, P.KV),
+            use_bias=False,
+            kernel_init=kinit,
+            dtype=dtype,
+            name=name,
+        )
+        biases = shared_biases if shared_biases is not None else relative_bias_params(self, cfg)
+        segment_THK = self.param(
+            "segment_embedding",
+            nn.with_logical_partitioning(kinit, (P.TABLE, P.HEADS, P.KV)),
+            (2, cfg.num_heads, cfg.head_width),
+        )
+        as_11HK = lambda name: jnp.asarray(biases[name], dtype)[None, None]
+        query = proj("query")
+        kv_BMD = h_BLD if mem_BCD is None else jnp.concatenate([mem_BCD, h_BLD], axis=1)
+        k_BMHK = proj("key")(kv_BMD)
+        v_BMHK = proj("value")(kv_BMD)
+        position = proj("position")
+        kr = [position(jnp.asarray(r_RD, dtype)) for r_RD in positions]
+        num_keys = kv_BMD.shape[1]
+        scale = jnp.asarray(cfg.head_width**-0.5, jnp.float32)
+        drop = nn.Dropout(cfg.attention_dropout_rate)
+
+        def attend(q_BLHK, allowed):
+            ac_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK + as_11HK("content_bias"), k_BMHK)
+            qr_BLHK = q_BLHK + as_11HK("position_bias")
+            halves = zip(jnp.split(qr_BLHK, len(kr), axis=0), kr, strict=True)
+            bd_BHLR = jnp.concatenate(
+                [jnp.einsum("BLHK,RHK->BHLR", q, kr_RHK) for q, kr_RHK in halves], axis=0
+            )
+            logits_BHLM = ac_BHLM + relative_shift(bd_BHLR, num_keys)
+            if other_segment_B1LM is not None:
+                qs_BLHK = q_BLHK + as_11HK("segment_bias")
+                ef_BHLT = jnp.einsum("BLHK,THK->BHLT", qs_BLHK, jnp.asarray(segment_THK, dtype))
+                logits_BHLM = logits_BHLM + jnp.where(
+                    other_segment_B1LM, ef_BHLT[..., 1:], ef_BHLT[..., :1]
+                )
+            logits_BHLM = logits_BHLM.astype(jnp.float32) * scale
+            if allowed is not None:
+                logits_BHLM = logits_BHLM - jnp.where(allowed, 0.0, _BLOCKED)
+            probs_BHLM = jax.nn.softmax(logits_BHLM, axis=-1).astype(dtype)
+            probs_BHLM = drop(probs_BHLM, deterministic=deterministic)
+            return jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
+
+        out = DenseGeneral(
+            (cfg.d_model,),
+            (P.HEADS, P.KV),
+            (P.EMBED,),
+            use_bias=False,
+            kernel_init=kinit,
+            dtype=dtype,
+            name="out",
+        )
+        out_h = out(attend(query(h_BLD), content_allowed))
+        if g_BPD is None:
+            return out_h, None
+        # Each prediction's query is placed at its position, so that it reads that position's
+        # relative distances and mask row, then gathered back.
+        target_BPL = jnp.asarray(target_BPL, dtype)
+        q_BLHK = jnp.einsum("BPHK,BPL->BLHK", query(g_BPD), target_BPL)
+        vec_BPHK = jnp.einsum("BLHK,BPL->BPHK", attend(q_BLHK, query_allowed), target_BPL)
+        return out_h, out(vec_BPHK)
+
+
+class TwoStreamLayer(nn.Module):
+    """One post-norm XLNet layer applied to both streams with the same parameters.
+
+    Submodules `attention`, `post_attention_norm`, `mlp` (`wi`, `wo`), `post_mlp_norm`.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, h_BLD, g_BPD, *, deterministic, **attention_inputs):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        norm = lambda name: make_norm(cfg.norm_type, eps=cfg.norm_eps, dtype=dtype, name=name)
+        attention_norm, mlp_norm = norm("post_attention_norm"), norm("post_mlp_norm")
+        mlp = MLP(
+            d_ff=cfg.d_ff,
+            activation=cfg.activation,
+            dropout_rate=cfg.dropout_rate,  # XLNet drops between the two FFN matmuls too
+            init_stddev=cfg.init_stddev,
+            dtype=dtype,
+            name="mlp",
+        )
+        drop = lambda x: nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        attended_h, attended_g = TwoStreamAttention(config=cfg, name="attention")(
+            h_BLD, g_BPD, deterministic=deterministic, **attention_inputs
+        )
+
+        def finish(x, attended):
+            x = attention_norm(x + drop(attended))
+            return mlp_norm(x + drop(mlp(x, deterministic=deterministic)))
+
+        h_BLD = nn.with_logical_constraint(finish(h_BLD, attended_h), (P.BATCH, P.LENGTH, P.EMBED))
+        if g_BPD is not None:
+            g_BPD = nn.with_logical_constraint(
+                finish(g_BPD, attended_g), (P.BATCH, P.LENGTH, P.EMBED)
+            )
+        return h_BLD, g_BPD
+
+
+# --------------------------------------------------------------------------- the stack
+def attention_masks(config: ModelConfig, length: int, memory: int, *, attention_mask, perm_mask):
+    """(content, query) "may attend" masks over the C + L keys, (B or 1, 1, L, M), or (None,
+    None) when nothing is blocked. Memory keys are never blocked by padding or perm_mask; the
+    content stream always sees its own position.
+
+    E.g. attn_type="bi", no memory, perm_mask [[1, 1], [0, 1]] (position 0 is predicted first:
+    it sees nothing; position 1 then sees it): query mask [[0, 0], [1, 0]], content mask
+    [[1, 0], [1, 1]].
+    """
+    opts = config.xlnet
+    blocked = []
+    if opts.attn_type == "uni":
+        blocked.append(~causal_memory_mask(length, memory, same_length=opts.same_length))
+    if attention_mask is not None:
+        pad_BL = ~attention_mask.astype(bool)
+        pad_BM = jnp.pad(pad_BL, ((0, 0), (memory, 0)))
+        blocked.append(pad_BM[:, None, None, :])
+    if perm_mask is not None:
+        perm_BLM = jnp.pad(perm_mask > 0, ((0, 0), (0, 0), (memory, 0)))
+        blocked.append(perm_BLM[:, None])
+    if not blocked:
+        return None, None
+    query_blocked = blocked[0]
+    for b in blocked[1:]:
+        query_blocked = query_blocked | b
+    itself_11LM = jnp.arange(memory + length)[None, :] == memory + jnp.arange(length)[:, None]
+    content_blocked = query_blocked & ~itself_11LM[None, None]
+    return ~content_blocked, ~query_blocked
+
+
+def relative_positions(config: ModelConfig, length: int, num_keys: int) -> tuple[jax.Array, ...]:
+    """The (R, D) encodings of the distances a query can have to a key, listed from M down:
+    bi: M .. -L + 1 (R = M + L); uni: M .. 0 (R = M + 1), clamped to +-clamp_len. Under bi_data
+    a second table holds the negated distances for the backward half of the batch."""
+    opts = config.xlnet
+    end = -length if opts.attn_type == "bi" else -1
+    distances_R = jnp.arange(num_keys, end, -1, dtype=jnp.float32)
+    if opts.clamp_len > 0:
+        distances_R = jnp.clip(distances_R, -opts.clamp_len, opts.clamp_len)
+    tables = [relative_sinusoids(distances_R, config.d_model)]
+    if opts.bi_data:
+        tables.append(relative_sinusoids(-distances_R, config.d_model))
+    return tuple(tables)
+
+
+def cache_memory(config: ModelConfig, h_BLD, mem_BCD):
+    """The next segment's memory of one layer: the last mem_len states of concat(memory, the
+    first reuse_len positions of this layer's input), with no gradient.
+
+    E.g. mem_len=3, reuse_len=2, memory [a, b], input [c, d, e] -> [b, c, d].
+    """
+    opts = config.xlnet
+    current = h_BLD if opts.reuse_len is None else h_BLD[:, : opts.reuse_len]
+    states = current if mem_BCD is None else jnp.concatenate([mem_BCD, current], axis=1)
+    if opts.mem_len is not None:
+        states = states[:, -opts.mem_len :]
+    return jax.lax.stop_gradient(states)
+
+
+class TwoStreamTransformer(nn.Module):
+    """ids -> {"hidden", "lm_logits", "new_mems"}: XLNet and its LM head (tied unless
+    config.tie_embeddings=False, with its own bias `lm_head/output_bias`).
+
+    hidden / lm_logits are the query stream's (B, P, D) / (B, P, V) at the predicted positions
+    when `target_mapping` is given, else the content stream's (B, L, D) / (B, L, V). new_mems
+    holds one (B, C', D) array per layer, to be passed as `mems` with the next segment.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        *,
+        attention_mask=None,
+        token_type_ids=None,
+        perm_mask=None,
+        target_mapping=None,
+        mems: Sequence[jax.Array] | None = None,
+        deterministic: bool = True,
+    ) -> dict:
+        """Runs both streams.
+
+        Args:
+          input_ids: (B, L) token ids.
+          attention_mask: (B, L) 1 for real tokens, 0 for padding (padded keys are blocked).
+          token_type_ids: (B, L) segment ids (XLNet: 0, 1, and 2 for <cls>); attention adds a
+            learned "same / different segment" term. Memory counts as segment 0.
+          perm_mask: (B, L, L), 1 where query i may not attend to key j.
+          target_mapping: (B, P, L), one-hot rows naming the P predicted positions.
+          mems: one (B, C, D) array per layer, the `new_mems` of the previous segment.
+          deterministic: False enables dropout (needs a "dropout" rng).
+        """
+        cfg = self.config
+        if mems is not None and len(mems) == 0:
+            mems = None
+        validate_inputs(
+            cfg,
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            mems=mems,
+        )
+        dtype = cfg.compute_dtype
+        batch, length = input_ids.shape
+        memory = 0 if mems is None else mems[0].shape[1]
+        drop = lambda x: nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+        token_embedder = make_token_embedder(cfg)
+        # Created whether or not this call has a query stream, so that every call sees one tree.
+        mask_emb_D = self.param(
+            "mask_emb",
+            nn.with_logical_partitioning(default_kernel_init(cfg.init_stddev), (P.EMBED,)),
+            (cfg.d_model,),
+        )
+        shared_biases = None if cfg.xlnet.untie_r else RelativeBiases(cfg, name="relative_biases")()
+
+        h_BLD = drop(token_embedder(input_ids))
+        g_BPD = None
+        if target_mapping is not None:
+            shape = (batch, target_mapping.shape[1], cfg.d_model)
+            g_BPD = drop(jnp.broadcast_to(jnp.asarray(mask_emb_D, dtype)[None, None], shape))
+        content_allowed, query_allowed = attention_masks(
+            cfg, length, memory, attention_mask=attention_mask, perm_mask=perm_mask
+        )
+        other_segment_B1LM = None
+        if token_type_ids is not None:
+            keys_BM = jnp.pad(token_type_ids, ((0, 0), (memory, 0)))
+            other_segment_B1LM = (token_type_ids[:, :, None] != keys_BM[:, None, :])[:, None]
+        positions = tuple(drop(r) for r in relative_positions(cfg, length, memory + length))
+
+        new_mems = []
+        for i in range(cfg.num_layers):
+            mem_BCD = None if mems is None else jnp.asarray(mems[i], dtype)
+            new_mems.append(cache_memory(cfg, h_BLD, mem_BCD))
+            h_BLD, g_BPD = TwoStreamLayer(config=cfg, name=f"layers_{i}")(
+                h_BLD,
+                g_BPD,
+                deterministic=deterministic,
+                shared_biases=shared_biases,
+                mem_BCD=mem_BCD,
+                positions=positions,
+                other_segment_B1LM=other_segment_B1LM,
+                content_allowed=content_allowed,
+                query_allowed=query_allowed,
+                target_BPL=target_mapping,
+            )
+        hidden = h_BLD if g_BPD is None else g_BPD
+        head = VocabHead(config=cfg, token_embedder=token_embedder, transform=False, name="lm_head")
+        return {"hidden": hidden, "lm_logits": head(drop(hidden)), "new_mems": tuple(new_mems)}
