@@ -1,16 +1,182 @@
 #!/usr/bin/env bash
-# Starts `lmsuite train` on all hosts at once. `--distributed` makes every process call
-# jax.distributed.initialize(), which on TPU VMs finds the coordinator and its peers itself;
-# each host then reads its own SeqIO shard and the mesh spans all chips of the pod.
-# MODEL_DIR must be shared by all hosts (a gs:// bucket); a preempted pod gets SIGTERM, saves a
-# checkpoint, exits 143, and the same command resumes it.
-#   DRY_RUN=1 MODEL_DIR=gs://BUCKET/run1 tpu_scripts/launch.sh \
-#     --gin_file=experiments/default.gin --gin.MESH_SHAPE='(-1, 4, 1)'
+# Starts `lmsuite train --distributed` on every worker of the pod at once, detached from ssh;
+# or, with --local N, as N processes on this machine (CPU devices, gloo collectives).
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
-source "$(dirname "$0")/common.sh"
-: "${MODEL_DIR:?set MODEL_DIR to a gs:// path shared by all hosts}"
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-args=""
-for a in "$@"; do args+=" $(printf '%q' "$a")"; done
-on_all_hosts "cd lmsuite && .venv/bin/lmsuite train --distributed --model_dir=$MODEL_DIR$args \
-  2>&1 | tee -a \$HOME/lmsuite-train.log"
+usage() {
+  cat <<'EOF'
+usage: tpu_scripts/launch.sh [--dry-run] [--help] [-- TRAIN_FLAGS...]
+       tpu_scripts/launch.sh --local N [--devices-per-process D] [--port P] [--dry-run]
+                             [-- TRAIN_FLAGS...]
+
+On a pod, every worker (--worker=all) runs, in ~/lmsuite,
+  .venv/bin/lmsuite train --distributed --model_dir=$MODEL_DIR [--tfds_data_dir=$TFDS_DATA_DIR]
+                          [--gin_file=F for each F in $GIN_FILE] TRAIN_FLAGS...
+under nohup and setsid, so it survives the ssh session. Output is appended to
+~/lmsuite-train.log; the exit status is written to ~/lmsuite-train.status when it ends (0 done,
+2 configuration error, 3 NaN loss, 143 preempted: run the same command again to resume from the
+newest checkpoint in MODEL_DIR). A worker where training still runs refuses a second launch.
+MODEL_DIR must be gs://: all workers share it and it outlives the VMs.
+
+TRAIN_FLAGS after -- reach `lmsuite train` unchanged, quoted for the remote shell, so
+  -- --gin.RECIPE="'t5_span_corruption'" --gin.MESH_SHAPE='(-1, 4, 1)'
+keeps gin's string quotes and the spaces.
+
+--local N runs the same command as N processes here, each with
+  JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=D
+  $LMSUITE train --distributed --coordinator_address=localhost:P --num_processes=N
+               --process_id=I --model_dir=$MODEL_DIR ...
+LMSUITE defaults to .venv/bin/lmsuite; MODEL_DIR is a local directory here, and process I
+logs to $MODEL_DIR/logs/process_I.log. The script waits for all N. When one fails, the others
+(which would wait forever at their next collective) get SIGTERM, and SIGKILL after
+LMSUITE_KILL_GRACE_SECONDS (default 10); the script then prints the failed process's id and
+the end of its log, and exits with its status (143 when preempted). SIGINT and SIGTERM sent to
+the script are passed on to every process.
+
+  --local N                  N processes on this machine instead of the pod
+  --devices-per-process D    CPU devices per process (default 1)
+  --port P                   the coordinator's port on localhost (default 8476)
+  --dry-run                  print the commands ("+ " and the quoted command), run none
+                             (or DRY_RUN=1)
+  --help                     this text
+EOF
+}
+
+local_n="" devices=1 port=8476
+options="--local --devices-per-process --port --dry-run --help, then -- TRAIN_FLAGS"
+need_value() {  # need_value OPTION [NEXT_ARG...]: "--opt V" with V missing is an error
+  [[ $# -ge 2 && $2 != --* ]] || die "$1 needs a value"
+}
+while (($#)); do
+  case $1 in
+    -h | --help) usage && exit 0 ;;
+    --dry-run) DRY_RUN=1 ;;
+    --local=*) local_n="${1#*=}" ;;
+    --local) need_value "$@" && local_n="$2" && shift ;;
+    --devices-per-process=*) devices="${1#*=}" ;;
+    --devices-per-process) need_value "$@" && devices="$2" && shift ;;
+    --port=*) port="${1#*=}" ;;
+    --port) need_value "$@" && port="$2" && shift ;;
+    --) shift && break ;;
+    *) unknown_option "$1" "$options" ;;
+  esac
+  shift
+done
+load_config
+
+launch_pod() {
+  validate_launch "$@"
+  # The wrapper records the status even when SIGTERM reaches its whole session: it traps the
+  # signal (lmsuite, started after the trap, still gets the default action and its own
+  # handler), waits for lmsuite to save and exit, then writes the status. Its pid is written
+  # twice: at once by the launching shell ($!, so a second launch right away is refused) and by
+  # the wrapper itself ($$, right even where setsid had to fork).
+  local wrapper detached
+  wrapper="$(join_statements \
+    "trap : TERM INT" \
+    "echo \$\$ > \"$REMOTE_PID\"" \
+    "$(train_command "$@") >> \"$REMOTE_LOG\" 2>&1" \
+    "echo \$? > \"$REMOTE_STATUS\"" \
+    "rm -f \"$REMOTE_PID\"")"
+  detached="nohup setsid bash -c $(quote "$wrapper") > /dev/null 2>&1 < /dev/null"
+  ssh_workers all "$(join_statements \
+    "set -eu" \
+    "cd \"$REMOTE_REPO\"" \
+    "if $(remote_training_runs); then echo \"\$(hostname): already training\" >&2" \
+    "exit 1" "fi" \
+    "rm -f \"$REMOTE_STATUS\"" \
+    "echo \"=== launch \$(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> \"$REMOTE_LOG\"" \
+    "$detached & echo \$! > \"$REMOTE_PID\"")"
+}
+
+# ---------------------------------------------------------------------------- local mode
+check_local() {
+  [[ $local_n =~ ^[1-9][0-9]*$ ]] || die "--local $local_n: expected a number of processes >= 1"
+  [[ $devices =~ ^[1-9][0-9]*$ ]] ||
+    die "--devices-per-process $devices: expected a number of CPU devices >= 1"
+  if ! [[ $port =~ ^[1-9][0-9]*$ ]] || ((port > 65535)); then
+    die "--port $port: expected a TCP port in 1..65535"
+  fi
+  [[ -n $MODEL_DIR ]] ||
+    die "MODEL_DIR is not set: expected a local directory for checkpoints and logs"
+  [[ $MODEL_DIR != gs://* ]] ||
+    die "MODEL_DIR=$MODEL_DIR: --local writes logs under MODEL_DIR, so expected a local directory"
+  [[ -x $LMSUITE ]] || die "LMSUITE=$LMSUITE: expected an executable (the venv's lmsuite)"
+  has_gin_file "$@" || die "no gin file: set GIN_FILE or pass --gin_file=... after --"
+  [[ ${LMSUITE_KILL_GRACE_SECONDS:=10} =~ ^[0-9]+$ ]] ||
+    die "LMSUITE_KILL_GRACE_SECONDS=$LMSUITE_KILL_GRACE_SECONDS: expected whole seconds"
+}
+
+local_command() {  # local_command I TRAIN_FLAGS...: sets cmd, process I's command line
+  local file files
+  cmd=(env JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=$devices"
+    "$LMSUITE" train --distributed --coordinator_address="localhost:$port"
+    --num_processes="$local_n" --process_id="$1" --model_dir="$MODEL_DIR")
+  shift
+  if [[ -n $TFDS_DATA_DIR ]]; then cmd+=(--tfds_data_dir="$TFDS_DATA_DIR"); fi
+  read -ra files <<<"$GIN_FILE"
+  for file in "${files[@]}"; do cmd+=(--gin_file="$file"); done
+  cmd+=("$@")
+}
+
+declare -A live=()  # pid -> process id, for the processes not yet reaped
+
+signal_all() {  # each process leads its own group (setsid): the signal reaches its children too
+  local pid
+  for pid in "${!live[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
+}
+
+launch_local() {
+  LMSUITE="${LMSUITE:-.venv/bin/lmsuite}"
+  check_local "$@"
+  local i
+  if dry_run; then
+    for ((i = 0; i < local_n; i++)); do
+      local_command "$i" "$@"
+      run "${cmd[@]}"
+    done
+    note "each under setsid, output to $MODEL_DIR/logs/process_I.log"
+    return 0
+  fi
+  mkdir -p "$MODEL_DIR/logs"
+  # In their own sessions the processes miss a terminal's Ctrl-C, so it is passed on.
+  trap 'signal_all INT' INT
+  trap 'signal_all TERM' TERM
+  for ((i = 0; i < local_n; i++)); do
+    local_command "$i" "$@"
+    printf '+ %s\n' "$(quote "${cmd[@]}")" >&2
+    setsid "${cmd[@]}" >"$MODEL_DIR/logs/process_$i.log" 2>&1 &
+    live[$!]=$i
+  done
+
+  # Polling, not `wait -n`: a trap runs within a poll's 0.2 s, and it needs no bash 5.1.
+  local pid status failed="" failed_status=0 deadline=""
+  while ((${#live[@]})); do
+    for pid in "${!live[@]}"; do
+      kill -0 "$pid" 2>/dev/null && continue
+      status=0
+      wait "$pid" || status=$?
+      i="${live[$pid]}"
+      unset "live[$pid]"
+      if ((status != 0)) && [[ -z $failed ]]; then
+        failed=$i failed_status=$status
+        signal_all TERM
+        deadline=$((SECONDS + LMSUITE_KILL_GRACE_SECONDS))
+      fi
+    done
+    if [[ -n $deadline ]] && ((SECONDS >= deadline)); then signal_all KILL; fi
+    sleep 0.2
+  done
+  if [[ -n $failed ]]; then
+    local log="$MODEL_DIR/logs/process_$failed.log"
+    printf '%s: process %s exited with status %s; the others were stopped. End of %s:\n' \
+      "$SCRIPT_NAME" "$failed" "$failed_status" "$log" >&2
+    tail -n 20 "$log" >&2
+    exit "$failed_status"
+  fi
+}
+
+if [[ -n $local_n ]]; then launch_local "$@"; else launch_pod "$@"; fi
