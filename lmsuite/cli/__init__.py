@@ -4,6 +4,7 @@ the configuration checks are in `config.py`; the commands here).
   lmsuite train --gin_file=F [--gin_file=G] --gin.KEY=VALUE --model_dir=DIR
                 [--gin_search_paths=...] [--task_module=M ...] [--tfds_data_dir=D] [--distributed]
   lmsuite pretrain [--gin_file=experiments/E.gin] [--gin.KEY=VALUE ...] [--model_dir=DIR]
+  lmsuite compile --gin_file=F --topology=v4-32 [--mesh=data,fsdp,tensor | auto] [--json]
   lmsuite recipes list | show NAME
   lmsuite tasks list | show NAME [--task_module=M]
 
@@ -17,6 +18,7 @@ Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM, check
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -117,8 +119,16 @@ def _add_gin_flags(parser: argparse.ArgumentParser, *, default_files=(), model_d
     parser.add_argument(
         "--distributed",
         action="store_true",
-        help="call jax.distributed.initialize() first (multi-host: every host runs the command)",
+        help="call jax.distributed.initialize() first (multi-host: every host runs the command; "
+        "on TPU VMs it finds its peers itself)",
     )
+    parser.add_argument(
+        "--coordinator_address",
+        default=None,
+        help="with --distributed off a TPU VM: host:port of process 0 (e.g. localhost:1234)",
+    )
+    parser.add_argument("--num_processes", type=int, default=None, help="with --distributed")
+    parser.add_argument("--process_id", type=int, default=None, help="with --distributed")
     _add_task_module_flag(parser)
     parser.add_argument(
         "--tfds_data_dir",
@@ -199,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_parser.add_argument("action", choices=["list", "show"])
     recipe_parser.add_argument("name", nargs="?", default=None)
     recipe_parser.set_defaults(handler=run_recipes)
+    from lmsuite.cli import compile as compile_command
+
+    compile_command.add_parser(commands, _add_gin_flags)
     return parser
 
 
@@ -210,7 +223,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.gin_bindings = [b.replace("=", " = ", 1) for b in bindings]
     if hasattr(args, "default_gin_files") and args.gin_file is None:
         args.gin_file = args.default_gin_files
-    if getattr(args, "model_dir", None) == "":  # pretrain: runs/<experiment>
+    if args.command == "pretrain" and args.model_dir == "":  # runs/<experiment>
         args.model_dir = f"runs/{Path(args.gin_file[0]).stem}"
     return args
 
@@ -221,14 +234,37 @@ def run_train(args):
     return result
 
 
-def _train(args):
-    """(train's arguments, the run's `loop.RunResult`)."""
+def initialize_distributed(args) -> None:
+    """jax.distributed.initialize(): on TPU VMs from the environment; elsewhere from the
+    coordinator flags, with gloo for the CPU's cross-process collectives."""
     import jax
 
+    explicit = (args.coordinator_address, args.num_processes, args.process_id)
+    if any(v is not None for v in explicit) and any(v is None for v in explicit):
+        raise ConfigError(
+            ["--coordinator_address, --num_processes and --process_id go together; got "
+             f"{args.coordinator_address!r}, {args.num_processes!r}, {args.process_id!r}"]
+        )  # fmt: skip
+    if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
+        raise ConfigError([f"--process_id={args.process_id} must be in [0, {args.num_processes})"])
+    if os.environ.get("JAX_PLATFORMS") == "cpu":  # backends start at initialize(): no probing
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if args.coordinator_address is None:
+        jax.distributed.initialize()
+    else:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator_address,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+        )
+
+
+def _train(args):
+    """(train's arguments, the run's `loop.RunResult`)."""
     from lmsuite.training import loop
 
     if args.distributed:
-        jax.distributed.initialize()
+        initialize_distributed(args)
 
     kwargs = load_config(args)
     from etils import epath

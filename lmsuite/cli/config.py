@@ -22,6 +22,27 @@ import gin
 # TensorFlow (behind SeqIO) logs start-up chatter at INFO; a command line wants warnings only.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
+def _no_accelerator_here() -> bool:
+    """True on a host with libtpu installed (the `tpu` extra, for `lmsuite compile`) but no TPU
+    chips and no GPU plugin: there JAX would probe for TPUs at start-up and print libtpu's
+    errors about worker hostnames before falling back to the CPU."""
+    import glob
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        return False
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):  # TPU chips
+        return False
+    return not any(
+        importlib.util.find_spec(name) is not None
+        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin")
+    )
+
+
+if "JAX_PLATFORMS" not in os.environ and _no_accelerator_here():
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
 GIN_DIR = Path(__file__).resolve().parents[2] / "gin"
 
 
@@ -288,8 +309,11 @@ def _evaluate_train_arguments(problems: list[str]) -> dict:
     return out
 
 
-def load_config(args) -> dict:
+def load_config(args, *, need_data: bool = True, devices: int | None = None) -> dict:
     """Parses gin files and bindings, checks them, and returns `train`'s arguments.
+
+    `lmsuite compile` passes `need_data=False` (it reads no examples: unprepared data is a
+    warning) and the slice's device count (the mesh is checked against it, not this host's).
 
     Every problem is collected before raising: gin's typos and unset macros, task modules and
     gin imports that fail, configurables that reject their values, and the evaluated run's
@@ -331,6 +355,8 @@ def load_config(args) -> dict:
         mesh_shape=kwargs.get("mesh_shape", (-1, 1, 1)),
         num_microbatches=kwargs.get("num_microbatches", 1),
         train_steps=kwargs.get("train_steps"),
+        devices=devices,
+        need_data=need_data,
     )
     problems += found.problems
     for warning in found.warnings:

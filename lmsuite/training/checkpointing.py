@@ -264,6 +264,14 @@ class Checkpointer:
             target = damaged / f"{step}-{int(time.time())}"
             (self.directory / str(step)).rename(target)
             print(f"lmsuite: moved damaged step {step} to {target}", file=sys.stderr)
+        if jax.process_count() > 1:
+            # The other processes must not list the steps before process 0 has moved this one:
+            # a process that still saw it would skip saving that step while process 0 saves it,
+            # and the pod would hang in the save's barrier. (The main thread waits in `_call`,
+            # so this collective cannot interleave with a train step's.)
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"lmsuite_moved_aside_{step}")
         self.manager.reload()
 
     def close(self) -> None:

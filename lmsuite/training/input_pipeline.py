@@ -36,20 +36,29 @@ def process_dataset(
     repeat: bool = True,
     skip_batches: int = 0,
     input_threads: int | None = None,
+    input_sharding: str = "source",
 ) -> tf.data.Dataset:
     """This process's batches of `task`, after `skip_batches` global batches.
 
     `input_threads` caps tf.data's threads (None: tf.data's autotuning decides).
+    `input_sharding`: "source" (each process reads its own SeqIO shard: input work scales with
+    the pod) or "replicated" (each process builds the whole global batch and keeps its rows:
+    the batches do not depend on the process count, so a run on N hosts sees what one host
+    sees, at N times the input work).
 
     Example: 2 processes, global batch 8 -> each yields dicts of (4, ...) numpy-ready tensors;
-    process 0 reads SeqIO shard 0 of 2.
+    "source": process 0 reads SeqIO shard 0 of 2; "replicated": process 1 keeps rows 4-7.
     """
     num_processes = jax.process_count()
+    if input_sharding not in INPUT_SHARDINGS:
+        raise ValueError(f"input_sharding={input_sharding!r}; expected one of {INPUT_SHARDINGS}")
     if global_batch_size % num_processes:
         raise ValueError(
             f"global batch size {global_batch_size} is not divisible by the "
             f"{num_processes} processes"
         )
+    replicated = input_sharding == "replicated"
+    local_batch = global_batch_size // num_processes
     dataset = seqio.get_dataset(
         task,
         task_feature_lengths=dict(sequence_length),
@@ -57,11 +66,20 @@ def process_dataset(
         dataset_split=split,
         shuffle=shuffle,
         num_epochs=None if repeat else 1,
-        shard_info=seqio.ShardInfo(index=jax.process_index(), num_shards=num_processes),
+        shard_info=seqio.ShardInfo(
+            index=0 if replicated else jax.process_index(),
+            num_shards=1 if replicated else num_processes,
+        ),
         seed=seed,
         verbose=False,
     )
-    dataset = dataset.batch(global_batch_size // num_processes, drop_remainder=True)
+    if replicated:
+        first = jax.process_index() * local_batch
+        dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
+            lambda batch: {k: v[first : first + local_batch] for k, v in batch.items()}
+        )
+    else:
+        dataset = dataset.batch(local_batch, drop_remainder=True)
     if skip_batches:
         dataset = dataset.skip(skip_batches)
     options = tf.data.Options()
@@ -77,6 +95,7 @@ def process_dataset(
     return dataset.prefetch(2).with_options(options)
 
 
+INPUT_SHARDINGS = ("source", "replicated")
 EVAL_SPLIT = "validation"
 EVAL_BATCHES = 10
 
@@ -89,6 +108,7 @@ def eval_dataset(
     global_batch_size: int,
     split: str = EVAL_SPLIT,
     batches: int = EVAL_BATCHES,
+    input_sharding: str = "source",
 ) -> tf.data.Dataset:
     """The held-out batches periodic evaluation reads: `split` in order, unshuffled, one pass,
     the first `batches` batches (fewer if the split is smaller)."""
@@ -100,6 +120,7 @@ def eval_dataset(
         split=split,
         shuffle=False,
         repeat=False,
+        input_sharding=input_sharding,
     ).take(batches)
 
 

@@ -111,6 +111,7 @@ def train(
     progress_bar: bool = True,
     peak_flops_per_device: float | None = None,
     input_threads: int | None = None,
+    input_sharding: str = "source",
     input_nice: int | None = None,
     checkpoint_nice: int | None = None,
     checked: bool = False,
@@ -119,8 +120,10 @@ def train(
     `train_steps`, resuming from `model_dir` if it holds checkpoints.
 
     `final_eval` evaluates at the last step when `eval_every` does not (the held-out figures the
-    run's summary prints). Before anything compiles the run is checked (`preflight.check_run`)
-    unless `checked` says the caller did (`lmsuite train` lists those problems with gin's).
+    run's summary prints). `input_sharding` is `input_pipeline.process_dataset`'s: "replicated"
+    makes the batches independent of the number of hosts. Before anything compiles the run is
+    checked (`preflight.check_run`) unless `checked` says the caller did (`lmsuite train` lists
+    those problems with gin's).
 
     Raises:
       ValueError: every configuration problem at once (task, recipe, vocabulary, lengths, mesh).
@@ -161,6 +164,7 @@ def train(
         split="train",
         seed=seed,
         input_threads=input_threads,
+        input_sharding=input_sharding,
     )
     example = report.example_inputs(train_data.element_spec)
 
@@ -237,6 +241,7 @@ def train(
             global_batch_size=batch_size,
             split=eval_split,
             batches=eval_batches,
+            input_sharding=input_sharding,
         )
         totals: dict[str, float] = {}
         count = 0

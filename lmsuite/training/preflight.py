@@ -46,7 +46,7 @@ def tfds_data_dir() -> str:
     import tensorflow_datasets as tfds
 
     override = seqio.utils._TFDS_DATA_DIR_OVERRIDE
-    return override or tfds.core.constants.data_dir()
+    return override or tfds.core.constants.get_default_data_dir()
 
 
 def unprepared_tfds(corpus_name: str) -> str | None:
@@ -97,11 +97,15 @@ def check_run(
     mesh_shape: Sequence[int] = (-1, 1, 1),
     num_microbatches: int = 1,
     train_steps: int | None = None,
+    devices: int | None = None,
+    need_data: bool = True,
 ) -> Findings:
     """Every problem of a run's evaluated configuration (see the module docstring).
 
     Arguments that are None (not evaluated: a typo elsewhere, an unset macro) skip the checks
-    that need them.
+    that need them. `devices` is the mesh's device count (default: this process's view);
+    `need_data=False` (`lmsuite compile`, which reads no examples) makes an unprepared TFDS
+    corpus a warning.
     """
     from lmsuite.data import tasks as tasks_lib
 
@@ -124,9 +128,11 @@ def check_run(
                 _vocabulary_checks(found, sub, corpus, model_config)
             if corpus is not None:
                 how = unprepared_tfds(corpus)
-                if how is not None:
+                if how is not None and need_data:
                     problems.append(f"task {sub.name!r}: {how}")
                     continue
+                if how is not None:
+                    found.warnings.append(f"task {sub.name!r}: {how}")
             if recipe is not None:
                 features = None
                 if objective is None and sequence_length is not None:
@@ -146,7 +152,7 @@ def check_run(
 
     if train_steps is not None and train_steps < 1:
         problems.append(f"train_steps must be >= 1, got {train_steps}")
-    _batch_checks(problems, batch_size, mesh_shape, num_microbatches)
+    batch_checks(problems, batch_size, mesh_shape, num_microbatches, devices)
     if model_config is not None:
         for feature in ("input_ids", "targets", "inputs"):
             if feature in lengths and lengths[feature] > model_config.max_positions:
@@ -186,13 +192,14 @@ def _vocabulary_checks(found: Findings, task: seqio.Task, corpus, config: ModelC
         )
 
 
-def _batch_checks(problems, batch_size, mesh_shape, num_microbatches) -> None:
+def batch_checks(problems, batch_size, mesh_shape, num_microbatches, devices=None) -> None:
+    """Adds the batch's divisibility problems on a mesh of `devices` (default: this run's)."""
     import jax
 
     if batch_size is None:
         return
     data, fsdp, tensor = mesh_shape
-    devices = jax.device_count()
+    devices = jax.device_count() if devices is None else devices
     if data == -1 and devices % max(fsdp * tensor, 1) == 0:
         data = devices // (fsdp * tensor)
     if data > 0 and batch_size % (data * fsdp):
@@ -203,6 +210,12 @@ def _batch_checks(problems, batch_size, mesh_shape, num_microbatches) -> None:
     if num_microbatches and batch_size % num_microbatches:
         problems.append(
             f"batch_size {batch_size} is not divisible by num_microbatches {num_microbatches}"
+        )
+    elif num_microbatches > 1 and data > 0 and (batch_size // num_microbatches) % (data * fsdp):
+        problems.append(
+            f"a microbatch of batch_size {batch_size} / num_microbatches {num_microbatches} = "
+            f"{batch_size // num_microbatches} rows is not divisible by the batch axes "
+            f"data*fsdp = {data * fsdp}"
         )
 
 

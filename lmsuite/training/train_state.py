@@ -61,6 +61,45 @@ def opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, me
     return jax.tree.map(per_subtree, abstract_opt_state, is_leaf=lambda x: _param_like(x, treedef))
 
 
+def sharded_abstract_state(
+    *,
+    init_params: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    rng: jax.Array,
+    rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+) -> tuple[TrainState, TrainState, Any]:
+    """The state's shapes and shardings, without creating any array.
+
+    `lmsuite compile` stops here (its mesh's devices exist only to compile for); training goes
+    on to `create_sharded_state`.
+
+    Returns:
+      (abstract_state, state_shardings, logical_param_specs): ShapeDtypeStructs carrying their
+      shardings, the matching tree of NamedShardings, and the parameters' logical
+      PartitionSpecs.
+    """
+    abstract_boxed = jax.eval_shape(init_params, rng)
+    logical_specs = nn.get_partition_spec(abstract_boxed)
+    abstract_params = nn.unbox(abstract_boxed)
+    param_shardings = partitioning.tree_shardings(logical_specs, mesh, rules=rules)
+    partitioning.check_divisible(abstract_params, param_shardings, what="params")
+    abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    shardings = TrainState(
+        step=replicated,
+        params=param_shardings,
+        opt_state=opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh),
+        skipped=replicated,
+        tx=tx,
+    )
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    shapes = TrainState(
+        step=scalar, params=abstract_params, opt_state=abstract_opt_state, skipped=scalar, tx=tx
+    )
+    return abstract_state(shardings, shapes), shardings, logical_specs
+
+
 def create_sharded_state(
     *,
     init_params: Callable[[jax.Array], Any],
@@ -83,19 +122,8 @@ def create_sharded_state(
       sharding, the matching tree of NamedShardings (for the step's in/out shardings and for
       restoring checkpoints), and the logical PartitionSpecs of the parameters (for reports).
     """
-    abstract_boxed = jax.eval_shape(init_params, rng)
-    logical_specs = nn.get_partition_spec(abstract_boxed)
-    abstract_params = nn.unbox(abstract_boxed)
-    param_shardings = partitioning.tree_shardings(logical_specs, mesh, rules=rules)
-    partitioning.check_divisible(abstract_params, param_shardings, what="params")
-    abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    shardings = TrainState(
-        step=replicated,
-        params=param_shardings,
-        opt_state=opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh),
-        skipped=replicated,
-        tx=tx,
+    _, shardings, logical_specs = sharded_abstract_state(
+        init_params=init_params, tx=tx, mesh=mesh, rng=rng, rules=rules
     )
 
     def init(key):

@@ -18,6 +18,9 @@ PRODUCTION = {
     "t5_1_1_base": "c4/en:3.1.0",
     "bart_base": "wikipedia/20230601.en:1.0.0",
     "mass_base": "wikipedia/20230601.en:1.0.0",
+    "bert_base": "wikipedia/20230601.en:1.0.0",
+    "bert_large": "wikipedia/20230601.en:1.0.0",
+    "albert_xxlarge": "wikipedia/20230601.en:1.0.0",
 }
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny"]
 
@@ -54,6 +57,8 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("t5_1_1_small", {"inputs": 512, "targets": 114}, 256, 10_000),
         ("t5_small", {"inputs": 512, "targets": 114}, 2048, 1_000_000),
         ("bart_base", {"inputs": 512, "targets": 512}, 8000, 500_000),
+        ("bert_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),
+        ("albert_xxlarge", {"input_ids": 512, "masked_ids": 20}, 4096, 125_000),
     ],
 )
 def test_production_settings_are_the_papers(name, lengths, batch, steps, tmp_path, monkeypatch):

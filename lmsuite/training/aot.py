@@ -1,0 +1,522 @@
+"""Ahead-of-time compilation of the real train step for a TPU slice, on a CPU host.
+
+`compile_train_step` builds the run's abstract state and batch with the shardings `loop.train`
+gives them, on a mesh of libtpu's compile-only devices for the slice, and compiles the same
+`step.jit_train_step` that training runs. Nothing is allocated: the state, the batch and the
+devices are all shapes. XLA's memory analysis gives the per-device bytes; its cost analysis the
+FLOPs and bytes one step moves.
+
+The step time is a roofline estimate, not a measurement: the larger of FLOPs / peak FLOP/s and
+bytes accessed / HBM bandwidth, per device, from the compiled (partitioned, optimised) step.
+It ignores collectives' time on the interconnect and overlap, so it is a lower bound on the
+time and an upper bound on MFU. MFU counts the unpartitioned step's FLOPs (XLA's count of the
+program before it is split over devices: forward, backward and optimizer, attention included)
+against every device's peak over that time.
+
+  >>> report = compile_train_step(accelerator="v4-8", **train_arguments)
+  >>> report.fits, report.total_bytes / 2**30, report.step_seconds, report.mfu
+"""
+
+import dataclasses
+import functools
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from etils import epath
+
+from lmsuite import partitioning
+from lmsuite.models import ModelConfig, Transformer
+from lmsuite.training import accelerators, input_pipeline, preflight, recipes, report, step
+from lmsuite.training.train_state import sharded_abstract_state
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """What compiling one step for one slice and mesh found. Bytes and FLOPs are per device.
+
+    When XLA refuses the program for want of HBM (`out_of_memory` holds its message), nothing
+    was compiled: the temporaries and the usable HBM are XLA's figures from that message, the
+    argument bytes the state's and batch's shards summed unpadded, and there are no FLOPs or
+    times (None).
+    """
+
+    accelerator: str
+    topology: str
+    mesh_shape: tuple[int, int, int]
+    num_devices: int
+    hbm_bytes: int  # the chip's HBM per device; XLA keeps part of it for itself
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    total_bytes: int
+    flops: float | None
+    bytes_accessed: float | None
+    step_flops: float | None  # the whole step, unpartitioned
+    compute_seconds: float | None
+    memory_seconds: float | None
+    step_seconds: float | None
+    mfu: float | None
+    tokens_per_step: int
+    shapes_task: str
+    compile_seconds: float
+    serialized_to: str | None = None
+    out_of_memory: str | None = None
+    usable_hbm_bytes: int | None = None  # what XLA said it could use, when it refused
+    compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # the executable
+
+    @property
+    def fits(self) -> bool:
+        return self.out_of_memory is None and self.total_bytes <= self.hbm_bytes
+
+    @property
+    def over_bytes(self) -> int:
+        """How much more than the device's HBM the step needs (0 when it fits)."""
+        limit = self.hbm_bytes if self.usable_hbm_bytes is None else self.usable_hbm_bytes
+        return 0 if self.fits else max(0, self.total_bytes - limit)
+
+    def as_dict(self) -> dict[str, Any]:
+        names = [f.name for f in dataclasses.fields(self) if f.name != "compiled"]
+        out = {name: getattr(self, name) for name in names}
+        out |= {"fits": self.fits, "over_bytes": self.over_bytes}
+        out["mesh_shape"] = list(self.mesh_shape)
+        return out
+
+
+_XLA_OUT_OF_HBM = re.compile(
+    r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
+)
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+@functools.cache
+def slice_devices(accelerator: str) -> tuple[jax.Device, ...]:
+    """libtpu's compile-only devices for the slice (needs the `tpu` extra: libtpu)."""
+    slice_ = accelerators.get(accelerator)
+    from jax.experimental import topologies
+
+    # Off a TPU VM libtpu looks for its worker's metadata at start-up and logs errors when none
+    # answers; these say "one worker, this host" (only the first call's values are read). With
+    # no chip to guard, several compiling processes may load libtpu at once (its lockfile would
+    # refuse the second).
+    for name, value in (
+        ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+        ("TPU_SKIP_MDS_QUERY", "1"),
+        ("TPU_ACCELERATOR_TYPE", accelerator),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+        ("TPU_WORKER_ID", "0"),
+    ):
+        os.environ.setdefault(name, value)
+    try:
+        topology = topologies.get_topology_desc(
+            slice_.topology_name, "tpu", **slice_.topology_kwargs()
+        )
+    except Exception as error:  # libtpu missing or too old for the generation
+        raise RuntimeError(
+            f"cannot describe {accelerator} ({slice_.topology_name}) with this libtpu: "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
+            ". `lmsuite compile` needs libtpu on the CPU host: pip install -e '.[tpu]'"
+        ) from error
+    devices = tuple(topology.devices)
+    if len(devices) != slice_.num_devices:
+        raise RuntimeError(
+            f"libtpu describes {accelerator} with {len(devices)} devices; expected "
+            f"{slice_.num_devices}"
+        )
+    return devices
+
+
+def shapes_task(task: str) -> str:
+    """The task whose batch shapes stand in for `task`'s: itself, or for a production corpus
+    that is not prepared here (compiling reads no examples, but SeqIO opens the source to build
+    the pipeline), the same objective on an embedded corpus. Shapes depend on the objective,
+    the lengths and the converter, not on the text.
+
+    Example: "c4_t5_span_corruption" (c4 not prepared) -> "wiki_sample_t5_span_corruption".
+    """
+    import seqio
+
+    from lmsuite.data import corpora
+    from lmsuite.data import tasks as tasks_lib
+
+    provider = seqio.get_mixture_or_task(task)
+    subs = list(provider.tasks) if isinstance(provider, seqio.Mixture) else [provider]
+    corpus_names = [tasks_lib.PRETRAINING_TASKS.get(s.name, (None,))[0] for s in subs]
+    if all(c is None or preflight.unprepared_tfds(c) is None for c in corpus_names):
+        return task
+    names = seqio.TaskRegistry.names() | seqio.MixtureRegistry.names()
+    for corpus in corpus_names[:1]:
+        suffix = task.removeprefix(f"{corpus}_")
+        embedded_corpora = [
+            n for n, c in corpora.PRETRAINING.items() if not isinstance(c, corpora.TfdsCorpus)
+        ]
+        for embedded in embedded_corpora:
+            if f"{embedded}_{suffix}" in names:
+                return f"{embedded}_{suffix}"
+    raise ValueError(
+        f"task {task!r} reads data that is not prepared here, and no embedded corpus has its "
+        "objective to take the batch shapes from; prepare the data (README, 'Production "
+        "corpora') or point --tfds_data_dir at it"
+    )
+
+
+def abstract_batch(
+    *,
+    task: str,
+    sequence_length: Mapping[str, int],
+    feature_converter,
+    batch_size: int,
+) -> tuple[dict[str, jax.ShapeDtypeStruct], str]:
+    """(the global batch as shapes, the task they were read from), from the run's own
+    batched dataset's `element_spec`: nothing is read."""
+    source = shapes_task(task)
+    dataset = input_pipeline.process_dataset(
+        task=source,
+        sequence_length=sequence_length,
+        feature_converter=feature_converter,
+        global_batch_size=jax.process_count(),  # only the sizes after the batch are read
+        shuffle=False,
+    )
+    example = report.example_inputs(dataset.element_spec)
+    return {
+        k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype) for k, v in example.items()
+    }, source
+
+
+def compile_train_step(
+    *,
+    accelerator: str,
+    model_config: ModelConfig,
+    task: str,
+    sequence_length: Mapping[str, int],
+    recipe: recipes.Built,
+    optimizer: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    batch_size: int,
+    mesh_shape: Sequence[int] = (-1, 1, 1),
+    rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+    seed: int = 0,
+    num_microbatches: int = 1,
+    skip_nonfinite: bool = False,
+    serialize_to: str | None = None,
+    batch: Mapping[str, jax.ShapeDtypeStruct] | None = None,
+    **_unused_train_arguments,
+) -> CompileReport:
+    """Compiles `lmsuite train`'s step for `accelerator` with `mesh_shape` (data, fsdp, tensor;
+    one may be -1) and reports its memory, FLOPs and projected time.
+
+    Takes `loop.train`'s arguments (the ones that shape the step; the rest are ignored), so
+    `lmsuite compile` passes the gin config's `train` bindings unchanged. `serialize_to` writes
+    the compiled executable there (jax.experimental.serialize_executable's payload). `batch`
+    skips building the input pipeline (auto-mesh compiles reuse one).
+
+    Raises:
+      ValueError: an unknown accelerator, a mesh that does not multiply to its device count, a
+        batch the batch axes do not divide, parameters the mesh does not divide.
+    """
+    slice_ = accelerators.get(accelerator)
+    devices = slice_devices(accelerator)
+    problems: list[str] = []
+    data, fsdp, tensor = _resolve_mesh(mesh_shape, len(devices), accelerator)
+    preflight.batch_checks(problems, batch_size, (data, fsdp, tensor), num_microbatches)
+    if problems:
+        raise ValueError("; ".join(problems))
+    mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor, devices=devices)
+    shapes_from = task
+    if batch is None:
+        batch, shapes_from = abstract_batch(
+            task=task,
+            sequence_length=sequence_length,
+            feature_converter=recipe.feature_converter,
+            batch_size=batch_size,
+        )
+    objective = recipe.objective
+    model = Transformer(model_config)
+    example = {k: np.zeros((1,) + v.shape[1:], v.dtype) for k, v in batch.items()}  # one row
+
+    def init_params(rng):
+        return model.init({"params": rng}, **objective.model_inputs(example))["params"]
+
+    started = time.perf_counter()
+    build = functools.partial(
+        _lower_step,
+        model=model,
+        init_params=init_params,
+        recipe=recipe,
+        optimizer=optimizer,
+        learning_rate_fn=learning_rate_fn,
+        batch=batch,
+        rules=rules,
+        seed=seed,
+        num_microbatches=num_microbatches,
+        skip_nonfinite=skip_nonfinite,
+    )
+    lowered, arguments = build(mesh=mesh)
+    # XLA counts the unpartitioned program's FLOPs only when lowered for a real backend: the
+    # same step on one CPU device (lowered, not compiled).
+    step_flops = report.lowered_flops(
+        build(mesh=partitioning.make_mesh(devices=jax.devices("cpu")[:1]))[0]
+    )
+    tokens = objective.num_tokens(
+        {k: jax.numpy.ones(v.shape, v.dtype) for k, v in batch.items()}
+    )  # fmt: skip
+    common = dict(
+        accelerator=accelerator,
+        topology=slice_.topology_name,
+        mesh_shape=(data, fsdp, tensor),
+        num_devices=len(devices),
+        hbm_bytes=slice_.hbm_bytes,
+        tokens_per_step=int(tokens),
+        shapes_task=shapes_from,
+    )
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        return _out_of_memory(
+            str(error), arguments, common, step_flops, time.perf_counter() - started
+        )
+    compile_seconds = time.perf_counter() - started
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {})
+    flops = float(cost.get("flops", 0.0))
+    bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    generation = slice_.generation
+    compute_seconds = flops / generation.peak_flops
+    memory_seconds = bytes_accessed / generation.hbm_bandwidth
+    step_seconds = max(compute_seconds, memory_seconds)
+    mfu = step_flops / (len(devices) * generation.peak_flops * step_seconds) if step_seconds else 0
+    serialized_to = None
+    if serialize_to is not None:
+        serialized_to = _serialize(compiled, serialize_to, accelerator, (data, fsdp, tensor))
+    return CompileReport(
+        **common,
+        argument_bytes=int(memory.argument_size_in_bytes),
+        output_bytes=int(memory.output_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes),
+        code_bytes=int(memory.generated_code_size_in_bytes),
+        total_bytes=_total_bytes(memory),
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        step_flops=float(step_flops or flops * len(devices)),
+        compute_seconds=compute_seconds,
+        memory_seconds=memory_seconds,
+        step_seconds=step_seconds,
+        mfu=float(mfu),
+        compile_seconds=compile_seconds,
+        serialized_to=serialized_to,
+        compiled=compiled,
+    )
+
+
+def _lower_step(
+    *,
+    mesh,
+    model,
+    init_params,
+    recipe,
+    optimizer,
+    learning_rate_fn,
+    batch,
+    rules,
+    seed,
+    num_microbatches,
+    skip_nonfinite,
+):
+    """`lmsuite train`'s jitted step, lowered for `mesh` from shapes alone."""
+    state, state_shardings, _ = sharded_abstract_state(
+        init_params=init_params, tx=optimizer, mesh=mesh, rng=jax.random.PRNGKey(seed), rules=rules
+    )
+    batch_sharding = step.batch_shardings(batch, mesh, rules=rules)
+    abstract_input = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
+        for k, v in batch.items()
+    }
+    rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=state_shardings.step)
+    train_step = step.jit_train_step(
+        apply_fn=model.apply,
+        objective=recipe.objective,
+        learning_rate_fn=learning_rate_fn,
+        state_shardings=state_shardings,
+        batch_sharding=batch_sharding,
+        mesh=mesh,
+        rules=rules,
+        num_microbatches=num_microbatches,
+        skip_nonfinite=skip_nonfinite,
+    )
+    return train_step.lower(state, abstract_input, rng), (state, abstract_input, rng)
+
+
+def _out_of_memory(message, arguments, common, step_flops, seconds) -> CompileReport:
+    """The report of a step XLA refused: it needs more HBM than the device has."""
+    first = message.strip().splitlines()[0]
+    found = _XLA_OUT_OF_HBM.search(message)
+    temp = usable = None
+    if found:
+        temp = int(float(found[1]) * _UNITS[found[2]])
+        usable = int(float(found[3]) * _UNITS[found[4]])
+    argument_bytes = sum(
+        int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * np.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree.leaves(arguments)
+    )
+    return CompileReport(
+        **common,
+        argument_bytes=argument_bytes,
+        output_bytes=0,
+        alias_bytes=0,
+        temp_bytes=temp or 0,
+        code_bytes=0,
+        total_bytes=argument_bytes + (temp or 0),
+        flops=None,
+        bytes_accessed=None,
+        step_flops=float(step_flops) if step_flops else None,
+        compute_seconds=None,
+        memory_seconds=None,
+        step_seconds=None,
+        mfu=None,
+        compile_seconds=seconds,
+        out_of_memory=first,
+        usable_hbm_bytes=usable,
+    )
+
+
+def _total_bytes(memory) -> int:
+    """The step's device memory: XLA's peak where it reports one, else arguments + outputs
+    not aliased to a donated argument + temporaries, plus the program itself."""
+    peak = int(getattr(memory, "peak_memory_in_bytes", 0) or 0)
+    summed = (
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        - memory.alias_size_in_bytes
+        + memory.temp_size_in_bytes
+    )
+    return int(max(peak, summed) + memory.generated_code_size_in_bytes)
+
+
+def _resolve_mesh(mesh_shape: Sequence[int], num_devices: int, accelerator: str):
+    sizes = [int(s) for s in mesh_shape]
+    if len(sizes) != 3 or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(
+            f"mesh {tuple(mesh_shape)} must be three sizes (data, fsdp, tensor), positive, at "
+            "most one of them -1"
+        )
+    known = 1
+    for s in sizes:
+        known *= s if s != -1 else 1
+    if -1 in sizes:
+        if num_devices % known:
+            raise ValueError(
+                f"mesh {tuple(mesh_shape)}: {accelerator} has {num_devices} devices, which the "
+                f"fixed axes ({known}) do not divide"
+            )
+        sizes[sizes.index(-1)] = num_devices // known
+    if sizes[0] * sizes[1] * sizes[2] != num_devices:
+        raise ValueError(
+            f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = "
+            f"{sizes[0] * sizes[1] * sizes[2]} devices, but {accelerator} has {num_devices}"
+        )
+    return tuple(sizes)
+
+
+def _serialize(compiled, directory: str, accelerator: str, mesh) -> str:
+    """Writes XLA's serialized executable. Its argument and result tree structures are not
+    written (the state's optimizer closures do not pickle): `deserialize_and_load` takes them
+    from the same config's abstract state, batch and key."""
+    from jax.experimental import serialize_executable
+
+    payload, _, _ = serialize_executable.serialize(compiled)
+    name = f"train_step_{accelerator}_{'x'.join(map(str, mesh))}.xla"
+    path = epath.Path(directory) / "compiled" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    return str(path)
+
+
+def suggest_microbatches(found: CompileReport, batch_size: int) -> int | None:
+    """For a step XLA refused: the power of two of microbatches that would bring its
+    temporaries (which shrink with the microbatch, to first order) under the HBM left beside the
+    arguments, if the batch allows that many rows per device; None when nothing would."""
+    if found.fits or not found.usable_hbm_bytes:
+        return None
+    room = found.usable_hbm_bytes - found.argument_bytes
+    if room <= 0:  # the state alone does not fit: shard it (fsdp) or take a larger slice
+        return None
+    needed, k = found.temp_bytes / room, 2
+    while k < needed:
+        k *= 2
+    return k if k <= batch_size // found.num_devices else None
+
+
+def candidate_meshes(
+    num_devices: int, *, batch_size: int, model_config: ModelConfig, num_microbatches: int = 1
+) -> list[tuple[int, int, int]]:
+    """Every (data, fsdp, tensor) over `num_devices` whose batch axes divide the batch (per
+    microbatch) and whose tensor axis divides the heads and the FFN width; pure data
+    parallelism first, then more fsdp, then more tensor."""
+    out = []
+    per_micro = batch_size // max(num_microbatches, 1)
+    for tensor in _divisors(num_devices):
+        if model_config.num_heads % tensor or model_config.d_ff % tensor:
+            continue
+        for fsdp in _divisors(num_devices // tensor):
+            data = num_devices // (tensor * fsdp)
+            if per_micro % (data * fsdp):
+                continue
+            out.append((data, fsdp, tensor))
+    return sorted(out, key=lambda m: (m[2], m[1]))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def auto_mesh(
+    *, accelerator: str, progress=None, **train_arguments
+) -> list[tuple[tuple[int, int, int], CompileReport | None, str | None]]:
+    """Compiles every candidate mesh: [(mesh, report or None, why it failed or None)], those
+    that fit first (fastest projected step first), then the rest by how much they need."""
+    num_devices = len(slice_devices(accelerator))
+    meshes = candidate_meshes(
+        num_devices,
+        batch_size=train_arguments["batch_size"],
+        model_config=train_arguments["model_config"],
+        num_microbatches=train_arguments.get("num_microbatches", 1),
+    )
+    if not meshes:
+        raise ValueError(
+            f"no (data, fsdp, tensor) mesh over {accelerator}'s {num_devices} devices divides "
+            f"batch_size {train_arguments['batch_size']} and the model's "
+            f"{train_arguments['model_config'].num_heads} heads"
+        )
+    batch, source = abstract_batch(
+        task=train_arguments["task"],
+        sequence_length=train_arguments["sequence_length"],
+        feature_converter=train_arguments["recipe"].feature_converter,
+        batch_size=train_arguments["batch_size"],
+    )
+    results = []
+    for mesh in meshes if progress is None else progress(meshes):
+        arguments = dict(train_arguments, mesh_shape=mesh, batch=batch)
+        try:
+            found = compile_train_step(accelerator=accelerator, **arguments)
+            results.append((mesh, dataclasses.replace(found, shapes_task=source), None))
+        except ValueError as error:  # parameters this mesh cannot divide
+            results.append((mesh, None, str(error).splitlines()[0]))
+
+    def order(item):
+        _, found, _ = item
+        if found is None:
+            return (2, 0.0)
+        return (0, found.step_seconds or 0.0) if found.fits else (1, float(found.total_bytes))
+
+    return sorted(results, key=order)

@@ -1,0 +1,200 @@
+"""`lmsuite compile`: the real train step compiled for TPU slices on this CPU host (libtpu's
+compile-only devices), its per-device argument bytes equal to the state's and batch's shards
+summed independently from their shardings, and bad input stopped before anything compiles."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from lmsuite import cli
+from lmsuite.training import accelerators, aot, train_state
+
+TINY = ["t5_1_1_tiny", "bart_tiny"]
+
+
+def _arguments(experiment: str, topology: str, *bindings: str) -> dict:
+    args = cli.parse_args(
+        ["compile", f"--gin_file=experiments/{experiment}.gin", f"--topology={topology}",
+         *bindings]
+    )  # fmt: skip
+    return cli.load_config(
+        args, need_data=False, devices=accelerators.get(topology).num_devices
+    )  # fmt: skip
+
+
+def _shard_bytes(shapes, shardings, layouts=None) -> int:
+    """Bytes of one device's shard of every array, from each sharding's own shard shape; with
+    `layouts` (the compiled step's input layouts), padded as the TPU stores it: the shard's
+    dimensions in the layout's physical order, the minor ones rounded up to the first tile
+    (a scalar or a (2,) key is held in a 128-element tile, a (32,) bias likewise). Arguments
+    the compiled step does not read (a T5 1.1 run's dropout key, position features) have no
+    layout and are not counted, as XLA does not count them."""
+    leaves, specs = jax.tree.leaves(shapes), jax.tree.leaves(shardings)
+    total = 0
+    for i, (leaf, sharding) in enumerate(zip(leaves, specs, strict=True)):
+        shape = list(sharding.shard_shape(leaf.shape))
+        if layouts is not None:
+            layout = layouts[i].layout
+            if layout is None:  # an argument the step never reads: XLA drops it
+                continue
+            shape = [shape[d] for d in reversed(layout.major_to_minor)][::-1] if shape else [1]
+            tile = layout.tiling[0] if layout.tiling else ()
+            shape = [1] * max(0, len(tile) - len(shape)) + shape
+            for j, t in enumerate(tile, start=len(shape) - len(tile)):
+                shape[j] = -(-shape[j] // t) * t
+        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _expected_argument_bytes(kwargs, topology, mesh_shape, compiled=None) -> tuple[int, int]:
+    """(the shards' bytes as laid out on the device, their bytes unpadded)."""
+    from lmsuite import partitioning
+    from lmsuite.models import Transformer
+    from lmsuite.training import step
+
+    devices = aot.slice_devices(topology)
+    data, fsdp, tensor = aot._resolve_mesh(mesh_shape, len(devices), topology)
+    mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor, devices=devices)
+    recipe = kwargs["recipe"]
+    batch, _ = aot.abstract_batch(
+        task=kwargs["task"],
+        sequence_length=kwargs["sequence_length"],
+        feature_converter=recipe.feature_converter,
+        batch_size=kwargs["batch_size"],
+    )
+    model = Transformer(kwargs["model_config"])
+    example = {k: np.zeros((1,) + v.shape[1:], v.dtype) for k, v in batch.items()}
+    inputs = recipe.objective.model_inputs(example)
+    state, shardings, _ = train_state.sharded_abstract_state(
+        init_params=lambda rng: model.init({"params": rng}, **inputs)["params"],
+        tx=kwargs["optimizer"],
+        mesh=mesh,
+        rng=jax.random.PRNGKey(0),
+    )
+    batch_shardings = step.batch_shardings(batch, mesh, rules=partitioning.DEFAULT_RULES)
+    rng = jax.ShapeDtypeStruct((2,), np.uint32)  # the dropout key, replicated
+    arrays = (state, batch, rng)
+    arrays_shardings = (shardings, batch_shardings, shardings.step)
+    layouts = jax.tree.leaves(compiled.input_formats, is_leaf=lambda x: hasattr(x, "layout"))
+    assert len(layouts) == len(jax.tree.leaves(arrays))
+    return (
+        _shard_bytes(arrays, arrays_shardings, layouts),
+        _shard_bytes(arrays, arrays_shardings),
+    )
+
+
+@pytest.mark.parametrize("experiment", TINY)
+@pytest.mark.parametrize("topology", ["v4-8", "v3-8"])
+def test_argument_bytes_are_the_shards_of_state_and_batch(experiment, topology):
+    kwargs = _arguments(experiment, topology)
+    found = aot.compile_train_step(accelerator=topology, **kwargs)
+    assert found.num_devices == accelerators.get(topology).num_devices
+    padded, unpadded = _expected_argument_bytes(kwargs, topology, (-1, 1, 1), found.compiled)
+    assert found.argument_bytes == padded
+    assert unpadded <= padded < 1.3 * unpadded  # tiles pad small arrays (biases, scalars)
+    assert found.alias_bytes > 0  # the state is donated: its outputs reuse its buffers
+    assert found.fits and found.total_bytes >= found.argument_bytes
+    assert found.flops > 0 and found.bytes_accessed > 0
+    assert 0 < found.mfu <= 1
+    assert found.step_seconds == max(found.compute_seconds, found.memory_seconds)
+
+
+def test_fsdp_shards_the_state_across_devices():
+    kwargs = _arguments("t5_1_1_tiny", "v4-8")
+    data = aot.compile_train_step(accelerator="v4-8", **kwargs)
+    fsdp = aot.compile_train_step(accelerator="v4-8", **dict(kwargs, mesh_shape=(1, 4, 1)))
+    padded, _ = _expected_argument_bytes(kwargs, "v4-8", (1, 4, 1), fsdp.compiled)
+    assert fsdp.argument_bytes == padded
+    # Replicated the state is on every device; fully sharded most of it is split four ways.
+    assert fsdp.argument_bytes < 0.5 * data.argument_bytes
+
+
+def test_slices_have_the_devices_libtpu_describes():
+    slices = [("v3-8", 4, 8), ("v3-32", 16, 32), ("v4-8", 4, 4), ("v4-32", 16, 16),
+              ("v5p-8", 4, 4), ("v5litepod-16", 16, 16)]  # fmt: skip
+    for name, chips, devices in slices:
+        slice_ = accelerators.get(name)
+        assert (slice_.num_chips, slice_.num_devices) == (chips, devices)
+        assert len(aot.slice_devices(name)) == devices
+        assert aot.slice_devices(name)[0].device_kind == slice_.generation.device_kind
+
+
+def test_candidate_meshes_divide_the_batch_and_the_heads():
+    config = _arguments("smoke", "v4-8")["model_config"]  # 2 heads
+    meshes = aot.candidate_meshes(16, batch_size=8, model_config=config)
+    assert meshes[0] == (8, 1, 2)  # data parallel as far as the batch allows, then tensor
+    for data, fsdp, tensor in meshes:
+        assert data * fsdp * tensor == 16
+        assert 8 % (data * fsdp) == 0 and config.num_heads % tensor == 0
+    assert (16, 1, 1) not in meshes  # batch 8 cannot split 16 ways
+
+
+def test_compile_cli_auto_lists_fitting_meshes_first(capsys):
+    code = cli.main(["compile", "--gin_file=experiments/smoke.gin", "--topology=v4-8",
+                     "--mesh=auto", "--json"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = json.loads(out)
+    assert rows and all(r["fits"] for r in rows)
+    config = _arguments("smoke", "v4-8")["model_config"]
+    expected = aot.candidate_meshes(4, batch_size=8, model_config=config)
+    assert {tuple(r["mesh_shape"]) for r in rows} == set(expected)
+    steps = [r["step_seconds"] for r in rows]
+    assert steps == sorted(steps)
+
+
+def test_compile_cli_table_and_serialized_executable(capsys, tmp_path):
+    code = cli.main(["compile", "--gin_file=experiments/smoke.gin", "--topology=v4-8",
+                     f"--model_dir={tmp_path}"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "fits" in captured.out and "roofline estimate" in captured.out
+    written = list((tmp_path / "compiled").glob("train_step_v4-8_4x1x1.xla"))
+    assert len(written) == 1 and written[0].stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--topology=v4-7"], "unknown TPU accelerator 'v4-7': v4 slices are v4-8, v4-16"),
+        (["--topology=v9-8"], "known: v3-8, v3-32"),
+        (["--topology=v4-8", "--mesh=3,1,1"], "x tensor=1 = 3 devices, but v4-8 has 4"),
+        (["--topology=v4-8", "--mesh=1,2"], "expected three comma-separated sizes"),
+        (["--topology=v4-32", "--gin.BATCH_SIZE=12"], "batch_size 12 is not divisible by"),
+    ],
+)
+def test_bad_input_is_refused_before_compiling(argv, expected, capsys, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(aot, "_lower_step", lambda **kw: compiled.append(kw))
+    code = cli.main(["compile", "--gin_file=experiments/smoke.gin", *argv])
+    err = capsys.readouterr().err
+    assert code == cli.CONFIG_ERROR_EXIT_CODE, err[-2000:]
+    assert expected in err
+    assert not compiled
+
+
+HUGE_BATCH = "--gin.BATCH_SIZE=262144"  # the smoke model's activations need ~40 GiB per v4 chip
+
+
+def test_a_step_that_does_not_fit_says_by_how_much_and_what_may(capsys):
+    code = cli.main(["compile", "--gin_file=experiments/smoke.gin", "--topology=v4-8",
+                     HUGE_BATCH, "--json"])  # fmt: skip
+    assert code == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert not row["fits"] and "RESOURCE_EXHAUSTED" in row["out_of_memory"]
+    # XLA keeps part of the chip's 32 GiB for itself.
+    assert 28 * 2**30 < row["usable_hbm_bytes"] < row["hbm_bytes"] == 32 * 2**30
+    assert row["over_bytes"] == row["argument_bytes"] + row["temp_bytes"] - row["usable_hbm_bytes"]
+    assert row["over_bytes"] > 0 and row["step_seconds"] is None
+    assert row["suggested_microbatches"] in (2, 4)
+
+
+@pytest.mark.slow  # compiles the step with the suggested microbatches: about two minutes
+def test_the_suggested_microbatches_fit():
+    kwargs = _arguments("smoke", "v4-8", HUGE_BATCH)
+    refused = aot.compile_train_step(accelerator="v4-8", **kwargs)
+    k = aot.suggest_microbatches(refused, kwargs["batch_size"])
+    found = aot.compile_train_step(accelerator="v4-8", **dict(kwargs, num_microbatches=k))
+    assert found.fits and found.temp_bytes < refused.temp_bytes / (k / 2)
