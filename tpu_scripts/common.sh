@@ -46,6 +46,18 @@ quote() {
 
 dry_run() { [[ $DRY_RUN == 1 ]]; }
 
+# The options of the scripts that take only --dry-run and --help (each defines usage()).
+parse_plain_options() {
+  while (($#)); do
+    case $1 in
+      -h | --help) usage && exit 0 ;;
+      --dry-run) DRY_RUN=1 ;;
+      *) unknown_option "$1" "--dry-run --help" ;;
+    esac
+    shift
+  done
+}
+
 # The stable "+ " prefix is what the tests read; in a real run the same line goes to stderr,
 # so it never mixes with output a caller captures.
 run() {

@@ -22,14 +22,7 @@ v2-alpha-tpuv5 (v5p). The zone must offer the generation (LMSUITE_SKIP_ZONE_CHEC
 EOF
 }
 
-while (($#)); do
-  case $1 in
-    -h | --help) usage && exit 0 ;;
-    --dry-run) DRY_RUN=1 ;;
-    *) unknown_option "$1" "--dry-run --help" ;;
-  esac
-  shift
-done
+parse_plain_options "$@"
 load_config
 validate_create
 

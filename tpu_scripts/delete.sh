@@ -17,14 +17,7 @@ stays. With QUEUED=1 it deletes QR_ID with --force, which deletes its node first
 EOF_USAGE
 }
 
-while (($#)); do
-  case $1 in
-    -h | --help) usage && exit 0 ;;
-    --dry-run) DRY_RUN=1 ;;
-    *) unknown_option "$1" "--dry-run --help" ;;
-  esac
-  shift
-done
+parse_plain_options "$@"
 load_config
 check_node
 

@@ -21,14 +21,7 @@ set up at different times (after a recovery) run the same code.
 EOF
 }
 
-while (($#)); do
-  case $1 in
-    -h | --help) usage && exit 0 ;;
-    --dry-run) DRY_RUN=1 ;;
-    *) unknown_option "$1" "--dry-run --help" ;;
-  esac
-  shift
-done
+parse_plain_options "$@"
 load_config
 validate_setup
 

@@ -21,14 +21,7 @@ A dry run takes the state from LMSUITE_FAKE_STATE (default: up).
 EOF_USAGE
 }
 
-while (($#)); do
-  case $1 in
-    -h | --help) usage && exit 0 ;;
-    --dry-run) DRY_RUN=1 ;;
-    *) unknown_option "$1" "--dry-run --help" ;;
-  esac
-  shift
-done
+parse_plain_options "$@"
 load_config
 check_node
 
