@@ -126,7 +126,7 @@ def _lmsuite_pipelines():
             special_ids=(0, 1, 2, 3, 4, 5, 6),
         ),
         "xlnet": lambda: xlnet.permutation_lm(
-            src(), sequence_length={"targets": 512}, cls_id=2, sep_id=3
+            sentences(), sequence_length={"input_k": 512}, cls_id=2, sep_id=3, eod_id=6
         ),
     }
 

@@ -14,7 +14,7 @@ Sequence lengths come from SeqIO at `get_dataset` time:
                        optionally "masked_ids": P, the padded number of predictions
   seq2seq objectives:  {"inputs": L, "targets": M} (span corruption, iid, prefix LM, BART, MASS)
   decoder objectives:  {"targets": L}              (causal LM)
-  permutation LM:      {"input_k": L}              (XLNet: input_k, perm_mask, target_mapping...)
+  permutation LM:      {"input_k": L}              (XLNet, one stream; B rows: xlnet.stream_task)
 Special ids are read from the vocabulary only when a dataset is built. An objective that needs
 sentinels fails when its task is built, naming the missing `<extra_id_k>`, if the vocabulary
 has fewer than 100 extra ids.
@@ -192,17 +192,16 @@ def _unilm(dataset, sequence_length, *, vocab):
     )
 
 
-def _xlnet(dataset, sequence_length, *, vocab):
-    if not sequence_length or "input_k" not in sequence_length:
-        raise ValueError(
-            f"xlnet tasks need sequence_length={{'input_k': L}}, got {sequence_length}"
-        )
-    ids = vocab_lib.special_ids(vocab)
+def _xlnet(dataset, sequence_length, *, vocab, stream=None):
+    ids = vocab_lib.special_ids(vocab)  # </s> plays <eod>; xlnet.stream_task binds `stream`
     return xlnet.permutation_lm(
         dataset,
-        sequence_length={"targets": int(sequence_length["input_k"])},
+        sequence_length=sequence_length,
         cls_id=ids.cls,
         sep_id=ids.sep,
+        eod_id=ids.eos,
+        stream=stream,
+        start_pieces=xlnet.start_piece_table(vocab),
     )
 
 
@@ -298,7 +297,7 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "xlnet_plm",
             PERMUTATION,
-            lambda vocab: [*_docs(vocab), functools.partial(_xlnet, vocab=vocab)],
+            lambda vocab: [*_sents(vocab), functools.partial(_xlnet, vocab=vocab)],
         ),
     ]
 }

@@ -1,162 +1,446 @@
-"""XLNet permutation language modelling with span-based partial prediction (Yang et al., 2019).
+"""XLNet permutation-LM pretraining data, as zihangdai/xlnet's `data_utils.py` builds it.
 
-Layout, as XLNet (functional tokens at the end): `A [SEP] B [SEP] [CLS]`, where A and B are the
-chunk split at a uniformly random point (XLNet's pretraining pairs; no random-next B here);
-`seg_id` is 0 over `A [SEP]`, 1 over `B [SEP]` and 2 on `[CLS]`.
+Reference (read, restated, not copied): `create_tfrecords`, `batchify`, `_split_a_and_b`,
+`_sample_mask`, `_local_perm` and the parser of `get_dataset` in zihangdai/xlnet `data_utils.py`,
+with its flags' defaults (seq_len 512, reuse_len 256, perm_size 256, num_predict 85,
+mask_alpha 6, mask_beta 1, max_gram 5).
 
-Which tokens are predicted follows XLNet's `_sample_mask`: n-gram lengths n in 1..max_gram with
-p(n) proportional to 1/n; each n-gram sits in a context of n * K tokens (K = mask_alpha /
-mask_beta = 6) at a uniformly random offset; spans follow one another left to right until
-`num_predict` tokens are chosen (the last n-gram trimmed), and if the chunk ends first the rest are
-drawn uniformly among the unchosen tokens. So about 1/K of the tokens are predicted: the last 1/K
-of the factorization order. Counting: the released sampler meant n words but, through a bug (it
-tests the span's first piece instead of the next one), counts n tokens; we count tokens too, so
-the figures match the released data. [SEP]/[CLS] are never predicted here (XLNet could pick them
-and then drop them, predicting fewer than `num_predict`).
+Input: one example per document with `sentence_ids`, ragged int [S, (T)] (the corpus's sentences,
+`tokenization.tokenize_sentences`); the reference reads one sentence per line.
 
-The factorization order is `_local_perm`'s: a random permutation within each block of
-`perm_size` positions (the same one for every block); non-predicted tokens come first (everyone
-may see them and they see no predicted token), then the predicted ones in permuted order.
+1. Stream. Every document's sentences are concatenated and `<eod>` ends each document, so one
+   sits between consecutive documents; `<eod>` belongs to the document's last sentence (the
+   reference gives it that sentence's id, so no sentence cut falls just before it).
+2. Rows (`batchify`). The stream is cut into blocks of `batch_size * N` tokens and each block
+   is reshaped to `batch_size` rows of N = steps_per_block * reuse_len + seq_len - reuse_len
+   contiguous tokens (the last, shorter block: N = its length // batch_size, as `batchify`).
+3. Windows. Step t of a block reads every row at offset t * reuse_len: the reuse part is
+   `reuse_len` tokens, then A <sep> B <sep> <cls> with len(A) + len(B) = seq_len - reuse_len - 3.
+   A starts right after the reuse part and ends at a random sentence cut; B is A's true
+   continuation from that cut or, with probability 1/2 (always when the window has no cut),
+   `is_random`: a span of whole sentences at a uniform place in the same row. Then the longer
+   of A and B loses tokens at its right end until they fit (`_split_a_and_b`). The next step's
+   reuse part starts where this one's ended, so it begins with this step's A.
+4. Predictions (`_sample_mask`; the reuse part gets num_predict - num_predict // 2, the rest
+   num_predict // 2: 43 and 42 of 85) and 5. the factorization order (`_local_perm`, each part
+   apart, the reuse part blocked from the rest): `xlnet_masks`, which restates them.
+
+Features (L = seq_len, P = num_predict): input_k int32 [L]; seg_id int32 [L] (0 over the reuse
+part, A and the first <sep>, 1 over B and the second <sep>, 2 on <cls>); input_q float32 [L],
+1 at predicted positions; perm_mask float32 [L, L], 1 where query i may NOT attend key j;
+target_mapping float32 [P, L], one-hot rows of the predicted positions in ascending order;
+target int32 [P], their ids; target_mask float32 [P] (ones: every example predicts exactly P);
+is_random int32 [] (the reference's `label` is 1 - is_random); stream_row int32 [], the row
+(0 .. batch_size - 1); stream_step int32 [], the step within the block (0: the memory carried
+in belongs to other text).
+
+How batch_size arrives: SeqIO hands a preprocessor only `sequence_length`, and its feature
+converter refuses keys that are not features, so the registered `{corpus}_xlnet_plm` task is
+one stream (batch_size 1) and `stream_task(task, batch_size=B)` returns (and registers) the
+B-row task `{corpus}_xlnet_plm_rowsB`, its XLNet step bound to `StreamOptions`.
+
+The contract with the training side. Elements come step-major: element k is step k // B of row
+k % B (B = batch_size), so batching consecutive elements by exactly B puts row i of batch t+1
+right after row i of batch t in the stream, across a block's steps_per_block steps. Hence:
+  * batch by B, drop_remainder=True (every block yields a multiple of B elements). With SeqIO
+    source sharding, one pipeline per process reads its own documents and B is the
+    per-process batch; where every process builds the global batch and keeps its slice, B is
+    the global batch. Never shard, shuffle, pack or mix the examples after this step;
+  * no example shuffle, which would interleave unrelated steps and rows: `stream_task`'s task
+    refuses `shuffle=True` (SeqIO raises). Shuffling documents before streaming would be
+    harmless (the reference shuffles its input shards), but SeqIO ties the source's file
+    shuffle to the example shuffle; the in-memory corpora have a fixed document order anyway;
+  * resuming at step s means skipping s * B elements of the same pipeline (same seed, B and
+    lengths) or restoring a checkpointed tf.data iterator.
+
+Example (seq_len 12, reuse_len 4, batch_size 2, steps_per_block 2: N = 2 * 4 + 8 = 16; stream
+s0 s1 ... s31, <eod> included):
+  rows: row 0 = s0 .. s15, row 1 = s16 .. s31; each window holds 12 - 4 - 3 = 5 tokens of A + B
+  element 0 (step 0, row 0): reuse s0..s3; a cut at s6, B the continuation:
+    input_k = [s0 s1 s2 s3 s4 s5 <sep> s6 s7 s8 <sep> <cls>], is_random 0,
+    seg_id  = [0  0  0  0  0  0  0     1  1  1  1     2]
+  element 1 (step 0, row 1): reuse s16..s19;  element 2 (step 1, row 0): reuse s4..s7
+  (continues element 0);  element 3 (step 1, row 1): reuse s20..s23.
+
+Deliberate differences from the reference:
+  * Blocks: the reference batchifies a whole preprocessing shard (a file) at once; a streaming
+    pipeline batchifies blocks of steps_per_block steps, so row continuation (and XLNet's
+    memory) breaks every steps_per_block steps, where the reference breaks it between files.
+    Random B comes from the same row of the block (the reference: the same row of the file).
+  * The sentence scan for a window's end stops at the row's end (the reference then drops
+    the step and every later one of its file).
+  * Exactly num_predict predictions: the reference samples the rest's spans over
+    `A <sep> B <sep> <cls>` and drops a functional token it picked (predicting fewer than 42
+    there, padded with target_mask 0); here spans are sampled over A + B only.
+  * Sentence cuts come from the corpus's own sentence splitting (`text.split_sentences` for
+    English prose; non-empty lines for the TFDS corpora); the reference reads one per line.
+  * Vocabulary: lmsuite's `</s>` plays `<eod>`, [SEP] `<sep>` and [CLS] `<cls>`. Pieces that may
+    start a span are the reference's `_is_start_piece` (a "▁" or "<" prefix, or one ASCII
+    punctuation character except "'"), plus lmsuite's bracketed specials; a vocabulary
+    without word-start marks (the segmented Chinese one) lets a span start at any token.
+  * No `bi_data` (the reference reverses half of every core's rows by default) and no
+    next-token LM targets (`extend_target`: the PLM target of a position is its own token).
+  * reuse_len need not be seq_len / 2 (the reference asserts it).
+  * Randomness: the reference fixes B and the predicted positions when it writes a pass's
+    files and draws the permutations when it reads them; here every draw comes from SeqIO's
+    per-block seed, new each epoch (SeqIO repeats the source before this step).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 from collections.abc import Mapping
 
+import numpy as np
 import seqio
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import lm
+from lmsuite.data.preprocessors.xlnet_masks import (  # noqa: F401  (public here too)
+    block_ranks,
+    local_perm,
+    permutation_features,
+    prediction_split,
+    sample_predicted,
+    span_begins,
+    start_piece_table,
+)
+
+# Steps per block of rows: memory continuity breaks once per block (see the module docstring).
+STEPS_PER_BLOCK = 64
 
 
-def sample_predicted(*, n, goal, seed, max_gram=5, mask_alpha=6, mask_beta=1):
-    """Bool [n]: `goal` predicted positions chosen by XLNet's span sampler (token n-grams)."""
-    seeds = tf.random.experimental.stateless_split(seed, 3)
-    logits = tf.math.log([[1.0 / g for g in range(1, max_gram + 1)]])
-    grams = tf.random.stateless_categorical(logits, goal, seeds[0], dtype=tf.int32)[0] + 1
-    before = tf.cumsum(grams, exclusive=True)
-    grams = tf.maximum(tf.minimum(grams, goal - before), 0)  # trims the span that hits the goal
-    context = grams * mask_alpha // mask_beta
-    left = tf.cast(
-        tf.random.stateless_uniform([goal], seeds[1]) * tf.cast(context, tf.float32), tf.int32
+@dataclasses.dataclass(frozen=True)
+class StreamOptions:
+    """The layout options `stream_task` binds to a task's XLNet step: SeqIO's get_dataset
+    passes a preprocessor only `sequence_length`, which the feature converter then rejects if it
+    holds anything but feature lengths.
+
+    batch_size: the rows of the batch this pipeline feeds (per process with SeqIO's source
+      sharding; the global batch where every process builds the whole batch and keeps a slice).
+    reuse_len: default seq_len // 2 (the reference's 256 of 512).
+    perm_size: default reuse_len (the reference's 256); it must divide both parts.
+    """
+
+    batch_size: int = 1
+    reuse_len: int | None = None
+    perm_size: int | None = None
+    steps_per_block: int = STEPS_PER_BLOCK
+
+
+def trimmed_lengths(a_len, b_len, *, total):
+    """The lengths `_split_a_and_b` trims A and B to: the longer (B on ties) loses one token at a
+    time until a_len + b_len <= total. Closed form, so it vectorises.
+
+    Example (total 10): (7, 5) -> (5, 5); (9, 2) -> (8, 2); (3, 20) -> (3, 7); (6, 6) -> (5, 5).
+    """
+    excess = tf.maximum(a_len + b_len - total, 0)
+    only_a = a_len - excess >= b_len
+    only_b = b_len - excess >= a_len
+    a = tf.where(only_a, a_len - excess, tf.where(only_b, a_len, (total + 1) // 2))
+    b = tf.where(only_a, b_len, tf.where(only_b, b_len - excess, total // 2))
+    return a, b
+
+
+def _uniform_int(seed, low, high):
+    """A uniform int32 in [low, high], both included (Python's `random.randint`)."""
+    return tf.random.stateless_uniform([], seed, minval=low, maxval=high + 1, dtype=tf.int32)
+
+
+def split_a_and_b(starts, *, begin, tot_len, seed):
+    """`_split_a_and_b` on one row: where A and B come from, as (a_len, b_begin, b_len, is_random).
+
+    `starts` is bool [N], True on the first token of each sentence; A starts at `begin`.
+    Cuts are the sentence starts strictly inside (begin, begin + tot_len); the window's end is
+    the first sentence start at or after begin + tot_len (the row's end if none). With a cut and
+    probability 1/2, A ends at a uniform cut and B continues to the window's end; otherwise
+    (is_random) A ends at a uniform cut (the window's end if there is none) and B covers the
+    sentences around a uniform span of max(1, tot_len - len(A)) tokens of the row. Then
+    `trimmed_lengths`. Example (tot_len 5, sentence starts at 0, 4, 7, begin 1, a cut at 4, not
+    random): A = row[1:4], B = row[4:6].
+    """
+    n = tf.size(starts)
+    positions = tf.range(n)
+    seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
+    cuts = tf.cast(tf.where(starts[begin + 1 : begin + tot_len])[:, 0], tf.int32) + begin + 1
+    num_cuts = tf.size(cuts)
+    end = tf.reduce_min(tf.where(starts & (positions >= begin + tot_len), positions, n))
+    is_random = tf.logical_or(num_cuts == 0, tf.random.stateless_uniform([], seeds[0]) < 0.5)
+    pick = tf.where(num_cuts > 0, _uniform_int(seeds[1], 0, tf.maximum(num_cuts - 1, 0)), 0)
+    a_end = tf.concat([cuts, [end]], axis=0)[tf.where(num_cuts > 0, pick, num_cuts)]
+    other_len = tf.maximum(1, tot_len - (a_end - begin))
+    other_begin = _uniform_int(seeds[2], 0, n - 1 - other_len)
+    other_end = other_begin + other_len
+    # Widen to whole sentences (the reference stops the right end at n - 1).
+    other_begin = tf.reduce_max(tf.where(starts & (positions <= other_begin), positions, 0))
+    other_end = tf.reduce_min(tf.where(starts & (positions >= other_end), positions, n - 1))
+    b_begin = tf.where(is_random, other_begin, a_end)
+    b_end = tf.where(is_random, other_end, end)
+    a_len, b_len = trimmed_lengths(a_end - begin, b_end - b_begin, total=tot_len)
+    return a_len, b_begin, b_len, is_random
+
+
+def _check_options(*, seq_len, reuse_len, perm_size, num_predict, batch_size, steps_per_block):
+    tot_len = seq_len - reuse_len - 3
+    if reuse_len < 1 or tot_len < 2:
+        raise ValueError(
+            f"reuse_len={reuse_len} must be >= 1 and leave seq_len - reuse_len - 3 >= 2 tokens "
+            f"for A and B (seq_len={seq_len})"
+        )
+    if perm_size < 1 or reuse_len % perm_size or (seq_len - reuse_len) % perm_size:
+        raise ValueError(
+            f"perm_size={perm_size} must divide reuse_len={reuse_len} and seq_len - reuse_len "
+            f"= {seq_len - reuse_len}"
+        )
+    reuse_goal, rest_goal = prediction_split(num_predict)
+    if num_predict < 1 or reuse_goal > reuse_len or rest_goal > tot_len:
+        raise ValueError(
+            f"num_predict={num_predict} splits into {reuse_goal} predictions in the reuse part "
+            f"(at most reuse_len={reuse_len}) and {rest_goal} in A + B (at most {tot_len})"
+        )
+    if batch_size < 1 or steps_per_block < 1:
+        raise ValueError(
+            f"batch_size={batch_size} and steps_per_block={steps_per_block} must be >= 1"
+        )
+
+
+def _document_streams(dataset: tf.data.Dataset, *, eod_id: int) -> tf.data.Dataset:
+    """Each document's tokens + <eod> as `stream` = id * 2 + (1 on a sentence's first token),
+    so one int stream carries both through `lm.chunk_stream_batches`.
+
+    Example (eod 6): sentence_ids [[40, 41], [], [42]] -> stream [81, 82, 85, 12].
+    """
+
+    def stream(features):
+        sentences = features["sentence_ids"]
+        if not isinstance(sentences, tf.RaggedTensor):
+            sentences = tf.RaggedTensor.from_tensor(sentences)
+        sentences = tf.cast(sentences, tf.int32)
+        sentences = tf.ragged.boolean_mask(sentences, sentences.row_lengths() > 0)
+        ids = sentences.flat_values
+        first = tf.cast(sentences.row_starts(), tf.int32)[:, None]
+        starts = tf.scatter_nd(first, tf.ones_like(first[:, 0]), tf.shape(ids))
+        return {"stream": tf.concat([ids * 2 + starts, [eod_id * 2]], axis=0)}
+
+    streams = dataset.map(stream, num_parallel_calls=tf.data.AUTOTUNE)
+    return streams.filter(lambda x: tf.size(x["stream"]) > 1)  # documents without tokens
+
+
+def permutation_lm_streams(
+    dataset: tf.data.Dataset,
+    *,
+    seq_len: int,
+    reuse_len: int,
+    batch_size: int,
+    num_predict: int,
+    perm_size: int,
+    cls_id: int,
+    sep_id: int,
+    eod_id: int,
+    start_pieces: np.ndarray | None = None,
+    steps_per_block: int = STEPS_PER_BLOCK,
+    max_gram: int = 5,
+    mask_alpha: int = 6,
+    mask_beta: int = 1,
+) -> tf.data.Dataset:
+    """XLNet examples from documents' `sentence_ids`, `batch_size` interleaved rows (see the
+    module docstring for the layout, the features, the training contract and an example).
+
+    `start_pieces` is `start_piece_table(vocab)` (None: a span may start at any token).
+
+    Raises:
+      ValueError: naming the value, for a reuse_len leaving fewer than 2 tokens for A and B, a
+        perm_size not dividing both parts, more predictions than a part holds, a batch_size or
+        steps_per_block below 1, or sampler options without a context.
+    """
+    _check_options(
+        seq_len=seq_len,
+        reuse_len=reuse_len,
+        perm_size=perm_size,
+        num_predict=num_predict,
+        batch_size=batch_size,
+        steps_per_block=steps_per_block,
     )
-    begin = tf.cumsum(grams + context, exclusive=True) + left
-    end = begin + grams
-    # XLNet stops at the first n-gram that would reach the end of the segment.
-    fits = tf.cast(tf.logical_and(grams > 0, end < n), tf.int32)
-    valid = tf.cast(tf.math.cumprod(fits), tf.bool)
-    spans = tf.ragged.range(tf.boolean_mask(begin, valid), tf.boolean_mask(end, valid))
-    chosen = tf.scatter_nd(
-        spans.flat_values[:, None], tf.ones_like(spans.flat_values, tf.bool), [n]
-    )
-    missing = goal - tf.reduce_sum(tf.cast(chosen, tf.int32))
-    scores = tf.where(chosen, -1.0, tf.random.stateless_uniform([n], seeds[2]))
-    _, extra = tf.math.top_k(scores, k=missing)
-    return tf.tensor_scatter_nd_update(chosen, extra[:, None], tf.ones([missing], tf.bool))
+    if max_gram < 1 or not 1 <= mask_beta <= mask_alpha:
+        raise ValueError(
+            f"max_gram={max_gram}, mask_alpha={mask_alpha}, mask_beta={mask_beta}: expected "
+            "max_gram >= 1 and 1 <= mask_beta <= mask_alpha (a context of at least one token)"
+        )
+    tot_len = seq_len - reuse_len - 3
+    reuse_goal, rest_goal = prediction_split(num_predict)
+    row_len = steps_per_block * reuse_len + seq_len - reuse_len
+    can_start = None if start_pieces is None else tf.constant(start_pieces, tf.bool)
+    sampler = dict(max_gram=max_gram, mask_alpha=mask_alpha, mask_beta=mask_beta)
+
+    def example(ids, starts, step, seed):
+        seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
+        begin = (step + 1) * reuse_len
+        a_len, b_begin, b_len, is_random = split_a_and_b(
+            starts, begin=begin, tot_len=tot_len, seed=seeds[0]
+        )
+        reuse = ids[begin - reuse_len : begin]
+        pair = tf.concat([ids[begin : begin + a_len], ids[b_begin : b_begin + b_len]], axis=0)
+        sep, cls = tf.constant([sep_id]), tf.constant([cls_id])
+        input_k = tf.concat([reuse, pair[:a_len], sep, pair[a_len:], sep, cls], axis=0)
+        masks = [
+            sample_predicted(
+                n=size,
+                goal=goal,
+                seed=part_seed,
+                can_start=None if can_start is None else tf.gather(can_start, part),
+                **sampler,
+            )
+            for part, size, goal, part_seed in [
+                (reuse, reuse_len, reuse_goal, seeds[1]),
+                (pair, tot_len, rest_goal, seeds[2]),
+            ]
+        ]
+        no = tf.zeros([1], tf.bool)
+        is_masked = tf.concat([masks[0], masks[1][:a_len], no, masks[1][a_len:], no, no], axis=0)
+        positions = tf.range(seq_len)
+        first_sep = reuse_len + a_len
+        is_functional = (positions == first_sep) | (positions >= seq_len - 2)
+        orders = [tf.argsort(tf.random.stateless_uniform([perm_size], s)) for s in seeds[3:]]
+        features = permutation_features(
+            input_k,
+            is_masked,
+            is_functional,
+            reuse_len=reuse_len,
+            num_predict=num_predict,
+            reuse_order=orders[0],
+            rest_order=orders[1],
+        )
+        features["seg_id"] = tf.where(
+            positions <= first_sep, 0, tf.where(positions < seq_len - 1, 1, 2)
+        )
+        features["is_random"] = tf.cast(is_random, tf.int32)
+        return features
+
+    def examples(block, seed):
+        row_length = tf.size(block) // batch_size
+        rows = tf.reshape(block[: batch_size * row_length], [batch_size, row_length])
+        ids, starts = rows // 2, rows % 2 == 1
+        steps = (row_length - seq_len) // reuse_len + 1
+
+        def one(k):
+            k = tf.cast(k, tf.int32)
+            step, row = k // batch_size, k % batch_size
+            features = example(
+                ids[row], starts[row], step, tf.random.experimental.stateless_fold_in(seed, k)
+            )
+            features = _with_shapes(features, seq_len=seq_len, num_predict=num_predict)
+            return {**features, "stream_row": row, "stream_step": step}
+
+        indices = tf.data.Dataset.range(tf.cast(steps * batch_size, tf.int64))
+        return indices.map(one, num_parallel_calls=tf.data.AUTOTUNE)
+
+    blocks = lm.chunk_stream_batches(
+        _document_streams(dataset, eod_id=eod_id),
+        chunk_length=batch_size * row_len,
+        feature_key="stream",
+        min_chunk_length=batch_size * seq_len,
+    ).unbatch()
+
+    @seqio.map_over_dataset(num_seeds=1)
+    def seeded(block, seed):
+        return block, seed
+
+    return seeded(blocks).flat_map(examples).prefetch(tf.data.AUTOTUNE)
 
 
-def permutation_features(ids, is_predicted, is_functional, *, num_predict, perm_size, seed):
-    """XLNet's `_local_perm` plus the `target_mapping` padding, for one sequence of length L."""
-    length = tf.size(ids)
-    order = tf.argsort(tf.random.stateless_uniform([perm_size], seed))
-    rank = tf.reshape(tf.gather(tf.reshape(tf.range(length), [-1, perm_size]), order, axis=1), [-1])
-    seen_by_all = tf.logical_and(tf.logical_not(is_predicted), tf.logical_not(is_functional))
-    rev_rank = tf.where(seen_by_all, -1, rank)
-    targets = tf.logical_and(is_predicted, tf.logical_not(is_functional))
-    self_rank = tf.where(targets, rev_rank, rev_rank + 1)
-    # 1 = query i may not attend key j: j comes no earlier than i and j is not seen by all.
-    perm_mask = tf.logical_and(
-        self_rank[:, None] <= rev_rank[None, :], tf.logical_not(seen_by_all)[None, :]
-    )
-    positions = tf.cast(tf.where(targets)[:, 0], tf.int32)
-    count = tf.size(positions)
-    pad = num_predict - count
-    return {
-        "input_k": ids,
-        "input_q": tf.cast(targets, tf.float32),
-        "perm_mask": tf.cast(perm_mask, tf.float32),
-        "target_mapping": tf.pad(tf.one_hot(positions, length), [[0, pad], [0, 0]]),
-        "target": tf.pad(tf.gather(ids, positions), [[0, pad]]),
-        "target_mask": tf.pad(tf.ones([count], tf.float32), [[0, pad]]),
-    }
+def _with_shapes(features, *, seq_len, num_predict):
+    shapes = {"perm_mask": [seq_len, seq_len], "target_mapping": [num_predict, seq_len]}
+    shapes.update(dict.fromkeys(["target", "target_mask"], [num_predict]))
+    shapes.update(dict.fromkeys(["input_k", "input_q", "seg_id"], [seq_len]))
+    shapes["is_random"] = []
+    return {k: tf.ensure_shape(v, shapes[k]) for k, v in features.items()}
 
 
 def permutation_lm(
     dataset: tf.data.Dataset,
     *,
-    sequence_length: Mapping[str, int],
+    sequence_length: Mapping[str, int] | None,
     cls_id: int,
     sep_id: int,
-    num_predict: int | None = None,
-    perm_size: int | None = None,
-    max_gram: int = 5,
+    eod_id: int,
+    stream: StreamOptions | None = None,
+    start_pieces: np.ndarray | None = None,
     mask_alpha: int = 6,
     mask_beta: int = 1,
 ) -> tf.data.Dataset:
-    """XLNet pretraining examples of length L = `sequence_length["targets"]`.
+    """The SeqIO preprocessor: `permutation_lm_streams` with seq_len = sequence_length["input_k"],
+    num_predict = sequence_length["target"] (the converter's P; default
+    round((L - 3) * mask_beta / mask_alpha), 85 for 512) and the layout of `stream` (None: the
+    defaults, one row).
 
-    Chunks of L - 3 tokens are cut from the concatenated `targets` stream; the stream's last,
-    shorter chunk is dropped (XLNet has no padding). Every example predicts exactly
-    `num_predict` tokens, by default round((L - 3) * mask_beta / mask_alpha) (85 for L = 512).
-
-    Output features: input_k [L] ids; input_q [L] float, 1 at predicted positions; seg_id [L];
-    perm_mask [L, L] float, 1 where query i may not attend key j; target_mapping
-    [num_predict, L] one-hot rows of the predicted positions; target [num_predict] their ids;
-    target_mask [num_predict] ones.
-
-    perm_mask[i, j] = 1 unless j is neither predicted nor functional, or j comes before i in the
-    factorization order (a predicted token never sees itself; an unpredicted one sees only the
-    unpredicted).
-
-    Example (L=8, num_predict 2, chunk [a b c d e], split after b, predicted c d, order
-    SEP(2) < d < c < SEP(6) < CLS):
-      input_k = [a b SEP c d e SEP CLS], seg_id = [0 0 0 1 1 1 1 2],
-      input_q = [0 0 0 1 1 0 0 0], target = [c d], target_mapping rows = one-hot 3, 4,
-      perm_mask row 3 (c) = [0 0 0 1 0 0 1 1], row 4 (d) = [0 0 0 1 1 0 1 1],
-      row 0 (a) = [0 0 1 1 1 0 1 1].
+    Example: {"input_k": 512}, StreamOptions(batch_size=16) -> reuse 256, perm 256, 85
+    predictions (43 + 42), 16 interleaved rows. An odd L needs explicit reuse_len / perm_size.
     """
-    (length,) = lm._lengths(sequence_length, "targets")
-    n = length - 3
-    if n < 2:
-        raise ValueError(f"targets length {length} too short for A [SEP] B [SEP] [CLS]")
-    if num_predict is None:
-        num_predict = max(1, round(n * mask_beta / mask_alpha))
-    if not 1 <= num_predict <= n:
-        raise ValueError(f"num_predict={num_predict}, expected in [1, {n}]")
-    perm_size = length if perm_size is None else perm_size
-    if length % perm_size:
-        raise ValueError(f"perm_size={perm_size} must divide the sequence length {length}")
-    batches = lm.chunk_stream_batches(dataset, chunk_length=n, min_chunk_length=n)
-
-    @seqio.map_over_dataset(num_seeds=1)
-    def make(tokens, seed):
-        seeds = tf.random.experimental.stateless_split(seed, 3)
-        split = tf.random.stateless_uniform([], seeds[0], minval=1, maxval=n, dtype=tf.int32)
-        sep = tf.constant([sep_id], tokens.dtype)
-        ids = tf.concat([tokens[:split], sep, tokens[split:], sep, [cls_id]], axis=0)
-        positions = tf.range(length)
-        seg_id = tf.where(positions <= split, 0, tf.where(positions < length - 1, 1, 2))
-        is_functional = tf.logical_or(tf.equal(positions, split), positions >= length - 2)
-        chosen = sample_predicted(
-            n=n,
-            goal=num_predict,
-            seed=seeds[1],
-            max_gram=max_gram,
-            mask_alpha=mask_alpha,
-            mask_beta=mask_beta,
+    if not sequence_length or "input_k" not in sequence_length:
+        raise ValueError(
+            f"xlnet tasks need sequence_length={{'input_k': L, ...}}, got {sequence_length}"
         )
-        # Chunk position p lands at p, or p + 1 once past the middle [SEP].
-        layout = tf.range(n) + tf.cast(tf.range(n) >= split, tf.int32)
-        is_predicted = tf.scatter_nd(layout[:, None], chosen, [length])
-        features = permutation_features(
-            ids,
-            is_predicted,
-            is_functional,
-            num_predict=num_predict,
-            perm_size=perm_size,
-            seed=seeds[2],
-        )
-        features["seg_id"] = seg_id
-        return features
+    seq_len = int(sequence_length["input_k"])
+    stream = StreamOptions() if stream is None else stream
+    reuse_len = seq_len // 2 if stream.reuse_len is None else stream.reuse_len
+    default_predict = max(1, round((seq_len - 3) * mask_beta / mask_alpha))
+    return permutation_lm_streams(
+        dataset,
+        seq_len=seq_len,
+        reuse_len=reuse_len,
+        batch_size=stream.batch_size,
+        num_predict=int(sequence_length.get("target", default_predict)),
+        perm_size=reuse_len if stream.perm_size is None else stream.perm_size,
+        cls_id=cls_id,
+        sep_id=sep_id,
+        eod_id=eod_id,
+        start_pieces=start_pieces,
+        steps_per_block=stream.steps_per_block,
+        mask_alpha=mask_alpha,
+        mask_beta=mask_beta,
+    )
 
-    return make(batches.unbatch())
+
+def stream_task(
+    task: seqio.Task,
+    *,
+    batch_size: int,
+    reuse_len: int | None = None,
+    perm_size: int | None = None,
+    steps_per_block: int = STEPS_PER_BLOCK,
+    name: str | None = None,
+    register: bool = True,
+) -> seqio.Task:
+    """`task` (an `*_xlnet_plm` task) with its XLNet step bound to these `StreamOptions`, named
+    `name` (default `{task.name}_rows{batch_size}`) and registered unless `register=False`.
+
+    The new task refuses `shuffle=True` (SeqIO raises: its shuffle_buffer_size is None), since
+    an example shuffle breaks row continuation. Example:
+      stream_task(seqio.get_mixture_or_task("c4_xlnet_plm"), batch_size=16).name
+      -> "c4_xlnet_plm_rows16"; get_dataset({"input_k": 512, "target": 85}, shuffle=False)
+    """
+    options = StreamOptions(batch_size, reuse_len, perm_size, steps_per_block)
+    # The XLNet step is the one preprocessor taking `stream` (tasks.py's `_xlnet`).
+    takes_stream = ["stream" in inspect.signature(step).parameters for step in task.preprocessors]
+    if sum(takes_stream) != 1:
+        raise ValueError(
+            f"task {task.name!r} has {sum(takes_stream)} preprocessors taking `stream` "
+            "(StreamOptions); expected exactly 1, the XLNet step"
+        )
+    steps = [
+        functools.partial(step, stream=options) if takes else step
+        for step, takes in zip(task.preprocessors, takes_stream, strict=True)
+    ]
+    new = seqio.Task(
+        name or f"{task.name}_rows{batch_size}",
+        source=task.source,
+        output_features=task.output_features,
+        preprocessors=steps,
+        shuffle_buffer_size=None,
+    )
+    if register:
+        seqio.TaskRegistry.remove(new.name)
+        seqio.TaskRegistry.add_provider(new.name, new)
+    return new
