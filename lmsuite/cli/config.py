@@ -73,13 +73,14 @@ def _collect_train_args(**kwargs):
 
 def register_configurables() -> None:
     """Makes the library functions configurable under stable gin names (idempotent)."""
-    from lmsuite.models import ModelConfig
+    from lmsuite.models import ModelConfig, XLNetOptions
     from lmsuite.training import optimizers, recipes, schedules
 
     # Converters and losses are not configurable on their own: a recipe pairs them
     # (lmsuite/training/recipes.py), and make_recipe takes the options.
     entries = [
         (ModelConfig, "ModelConfig", "lmsuite.models"),
+        (XLNetOptions, "XLNetOptions", "lmsuite.models"),
         (_collect_train_args, "train", "lmsuite.training"),
         (optimizers.make_optimizer, "make_optimizer", "lmsuite.training"),
         (schedules.make_schedule, "make_schedule", "lmsuite.training"),
@@ -373,10 +374,11 @@ def model_config_from_gin(
     gin_files: list[str], bindings: list[str] = (), *, search_paths: list[str] = ()
 ):
     """The ModelConfig that model gin files (e.g. `models/bert_base.gin`) describe."""
-    from lmsuite.models import ModelConfig
+    from lmsuite.models import ModelConfig, XLNetOptions
 
-    if gin.config._REGISTRY.get_match("lmsuite.models.ModelConfig") is None:
-        gin.external_configurable(ModelConfig, name="ModelConfig", module="lmsuite.models")
+    for cls in (ModelConfig, XLNetOptions):
+        if gin.config._REGISTRY.get_match(f"lmsuite.models.{cls.__name__}") is None:
+            gin.external_configurable(cls, name=cls.__name__, module="lmsuite.models")
     gin.clear_config()
     _add_search_paths([*map(Path, search_paths), GIN_DIR])
     files = [str(Path(f).absolute()) if Path(f).is_file() else f for f in gin_files]

@@ -43,6 +43,9 @@ SIZES = {
     "deberta_tiny": "DebertaForMaskedLM",
     "deberta_v3_base": "DebertaV2ForMaskedLM",
     "deberta_v3_tiny": "DebertaV2ForMaskedLM",
+    "xlnet_base": "XLNetLMHeadModel",
+    "xlnet_large": "XLNetLMHeadModel",
+    "xlnet_tiny": "XLNetLMHeadModel",
 }
 
 
@@ -67,6 +70,6 @@ def test_every_size_file_is_checked():
 
     gin_dir = pathlib.Path(__file__).parents[2] / "gin" / "models"
     families = {"bert", "roberta", "albert", "electra", "gpt2", "t5", "t5_1_1", "bart"}
-    families |= {"deberta", "deberta_v3"}
+    families |= {"deberta", "deberta_v3", "xlnet"}
     sizes = {p.stem for p in gin_dir.glob("*.gin")} - families
     assert sizes == set(SIZES)
