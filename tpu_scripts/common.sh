@@ -257,9 +257,11 @@ join_statements() {
   printf '%s' "${joined//$'\x1f'/; }"
 }
 
-# A test for the remote shell: true while launch.sh's training runs on that worker.
+# A test for the remote shell: true while launch.sh's training runs on that worker. A status
+# file means it has ended, even while the wrapper that wrote it is still removing its pid file.
 remote_training_runs() {
-  printf '%s' "[ -f \"$REMOTE_PID\" ] && kill -0 \"\$(cat \"$REMOTE_PID\")\" 2>/dev/null"
+  printf '%s' "[ ! -f \"$REMOTE_STATUS\" ] && [ -f \"$REMOTE_PID\" ] && \
+kill -0 \"\$(cat \"$REMOTE_PID\")\" 2>/dev/null"
 }
 
 # One line per worker, parsed by recover.sh: "HOST training=STATE exit_status=CODE".
