@@ -93,7 +93,9 @@ def markdown(rows: list[dict]) -> str:
             )
         micro = by_key.get((experiment, topology, "micro"))
         micro_text = ""
-        if micro is not None:
+        if micro is not None and "error" in micro:
+            micro_text = f"{micro['num_microbatches']} microbatches: {micro['error']}"
+        elif micro is not None:
             micro_text = (
                 f"{micro['num_microbatches']} x {row['batch_size'] // micro['num_microbatches']}: "
                 + ("fits" if micro.get("fits") else "does not fit")

@@ -255,14 +255,14 @@ def compile_train_step(
         batch=batch,
         rules=rules,
         seed=seed,
-        num_microbatches=num_microbatches,
         skip_nonfinite=skip_nonfinite,
     )
-    lowered, arguments = build(mesh=mesh)
+    lowered, arguments = build(mesh=mesh, num_microbatches=num_microbatches)
     # XLA counts the unpartitioned program's FLOPs only when lowered for a real backend: the
     # same step on one CPU device (lowered, not compiled).
+    # (Without the microbatch loop, whose body XLA would count once: the same FLOPs.)
     step_flops = report.lowered_flops(
-        build(mesh=partitioning.make_mesh(devices=jax.devices("cpu")[:1]))[0]
+        build(mesh=partitioning.make_mesh(devices=jax.devices("cpu")[:1]), num_microbatches=1)[0]
     )
     tokens = objective.num_tokens(
         {k: jax.numpy.ones(v.shape, v.dtype) for k, v in batch.items()}
@@ -288,8 +288,10 @@ def compile_train_step(
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {})
-    flops = float(cost.get("flops", 0.0))
-    bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    # XLA counts the microbatch loop's body once; scaled by the trips, the update is counted
+    # that many times too (small against the passes it follows).
+    flops = float(cost.get("flops", 0.0)) * num_microbatches
+    bytes_accessed = float(cost.get("bytes accessed", 0.0)) * num_microbatches
     generation = slice_.generation
     compute_seconds = flops / generation.peak_flops
     memory_seconds = bytes_accessed / generation.hbm_bandwidth
@@ -454,7 +456,10 @@ def suggest_microbatches(found: CompileReport, batch_size: int) -> int | None:
     needed, k = found.temp_bytes / room, 2
     while k < needed:
         k *= 2
-    return k if k <= batch_size // found.num_devices else None
+    # Each microbatch is split over the devices: batch / k rows must divide among them.
+    if batch_size % k or (batch_size // k) % found.num_devices:
+        return None
+    return k
 
 
 def candidate_meshes(

@@ -315,7 +315,7 @@ def train(
             batch = next(batches)
             if flops_per_step is None:
                 flops_per_step = report.lowered_flops(
-                    train_step.lower(state, batch, dropout_rng)
+                    train_step.lower(state, batch, dropout_rng), loop_trips=num_microbatches
                 ) or report.train_flops(state.params, batch, objective)
             state, metrics = train_step(state, batch, dropout_rng)
             done = current + 1

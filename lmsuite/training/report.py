@@ -48,10 +48,17 @@ def train_flops(params: Any, batch: Mapping[str, Any], objective: Objective) -> 
     return 6.0 * num_params(params) * float(np.prod(inputs.shape))
 
 
-def lowered_flops(lowered) -> float | None:
+def lowered_flops(lowered, *, loop_trips: int = 1) -> float | None:
     """FLOPs of one call of a lowered jit function, as XLA's cost analysis counts them (before
     optimisation: forward, backward and optimizer update, attention included); None when the
-    backend gives no count."""
+    backend gives no count.
+
+    XLA counts a loop's body once: a step that accumulates gradients over `loop_trips`
+    microbatches (a scan) is counted as if it ran one. The count is scaled by `loop_trips`,
+    which also counts the optimizer update that many times; the update is small against the
+    forward and backward passes it follows (a few FLOPs per parameter against 6 per parameter
+    per token).
+    """
     try:
         cost = lowered.cost_analysis()
     except Exception:  # not every backend implements it
@@ -59,7 +66,7 @@ def lowered_flops(lowered) -> float | None:
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
     flops = None if not cost else cost.get("flops")
-    return float(flops) if flops and flops > 0 else None
+    return float(flops) * loop_trips if flops and flops > 0 else None
 
 
 @functools.cache

@@ -198,3 +198,30 @@ def test_the_suggested_microbatches_fit():
     k = aot.suggest_microbatches(refused, kwargs["batch_size"])
     found = aot.compile_train_step(accelerator="v4-8", **dict(kwargs, num_microbatches=k))
     assert found.fits and found.temp_bytes < refused.temp_bytes / (k / 2)
+
+
+def test_suggested_microbatches_divide_among_the_devices():
+    gib = 2**30
+    refused = aot.CompileReport(
+        accelerator="v4-8", topology="v4:2x2x1", mesh_shape=(1, 4, 1), num_devices=4,
+        hbm_bytes=32 * gib, argument_bytes=2 * gib, output_bytes=0, alias_bytes=0,
+        temp_bytes=90 * gib, code_bytes=0, total_bytes=92 * gib, flops=None,
+        bytes_accessed=None, step_flops=None, compute_seconds=None, memory_seconds=None,
+        step_seconds=None, mfu=None, tokens_per_step=0, shapes_task="t", compile_seconds=0.0,
+        out_of_memory="RESOURCE_EXHAUSTED", usable_hbm_bytes=30 * gib,
+    )  # fmt: skip
+    # 90 GiB of temporaries in the 28 GiB beside the arguments: 4 microbatches (3.2 rounded up).
+    assert aot.suggest_microbatches(refused, 256) == 4
+    assert aot.suggest_microbatches(refused, 8004) is None  # 2,001 rows do not split 4 ways
+    assert refused.over_bytes == 62 * gib and not refused.fits
+
+
+def test_microbatched_steps_count_every_microbatch():
+    """XLA counts the accumulation loop's body once; the report counts all of its trips."""
+    kwargs = _arguments("smoke", "v4-8", "--gin.BATCH_SIZE=16")  # 4 microbatches of 4 rows
+    whole = aot.compile_train_step(accelerator="v4-8", **kwargs)
+    split = aot.compile_train_step(accelerator="v4-8", **dict(kwargs, num_microbatches=4))
+    assert split.step_flops == whole.step_flops  # the unpartitioned step, counted without a loop
+    # Per device: the loop's four trips (and, scaled with them, the optimizer update) against
+    # one pass over the whole batch.
+    assert 0.95 < split.flops / whole.flops < 1.3
