@@ -24,7 +24,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmsuite import cli  # noqa: E402
-from lmsuite.training import accelerators, aot  # noqa: E402
+from lmsuite.training import accelerators, aot, mesh_search  # noqa: E402
 
 GIB = 2**30
 EXPERIMENTS = ["bert_base", "bert_large", "albert_xxlarge", "t5_1_1_base", "t5_base", "bart_base"]
@@ -66,7 +66,7 @@ def _microbatches_to_try(fsdp: dict | None) -> int | None:
         return None
     fields = {f.name for f in dataclasses.fields(aot.CompileReport)}
     found = aot.CompileReport(**{k: v for k, v in fsdp.items() if k in fields and k != "compiled"})
-    return aot.suggest_microbatches(found, fsdp["batch_size"])
+    return mesh_search.suggest_microbatches(found, fsdp["batch_size"])
 
 
 def markdown(rows: list[dict]) -> str:

@@ -52,7 +52,7 @@ def add_parser(commands, gin_flags) -> None:
 
 
 def run_compile(args) -> list[dict]:
-    from lmsuite.training import accelerators, aot
+    from lmsuite.training import accelerators, aot, mesh_search
 
     mesh = None if args.mesh is None else parse_mesh(args.mesh)
     try:
@@ -71,7 +71,7 @@ def run_compile(args) -> list[dict]:
         if mesh == "auto":
             from tqdm import tqdm
 
-            results = aot.auto_mesh(
+            results = mesh_search.auto_mesh(
                 accelerator=args.topology,
                 progress=lambda ms: tqdm(ms, desc="meshes", unit="mesh", disable=args.json),
                 **kwargs,
@@ -85,7 +85,7 @@ def run_compile(args) -> list[dict]:
                 accelerator=args.topology, serialize_to=serialize_to, **kwargs
             )
             rows = [found.as_dict()]
-            rows[0]["suggested_microbatches"] = aot.suggest_microbatches(
+            rows[0]["suggested_microbatches"] = mesh_search.suggest_microbatches(
                 found, kwargs["batch_size"]
             )
     except ValueError as error:

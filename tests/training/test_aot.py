@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lmsuite import cli
-from lmsuite.training import accelerators, aot, train_state
+from lmsuite.training import accelerators, aot, mesh_search, train_state
 
 TINY = ["t5_1_1_tiny", "bart_tiny"]
 
@@ -123,7 +123,7 @@ def test_slices_have_the_devices_libtpu_describes():
 
 def test_candidate_meshes_divide_the_batch_and_the_heads():
     config = _arguments("smoke", "v4-8")["model_config"]  # 2 heads
-    meshes = aot.candidate_meshes(16, batch_size=8, model_config=config)
+    meshes = mesh_search.candidate_meshes(16, batch_size=8, model_config=config)
     assert meshes[0] == (8, 1, 2)  # data parallel as far as the batch allows, then tensor
     for data, fsdp, tensor in meshes:
         assert data * fsdp * tensor == 16
@@ -139,7 +139,7 @@ def test_compile_cli_auto_lists_fitting_meshes_first(capsys):
     rows = json.loads(out)
     assert rows and all(r["fits"] for r in rows)
     config = _arguments("smoke", "v4-8")["model_config"]
-    expected = aot.candidate_meshes(4, batch_size=8, model_config=config)
+    expected = mesh_search.candidate_meshes(4, batch_size=8, model_config=config)
     assert {tuple(r["mesh_shape"]) for r in rows} == set(expected)
     steps = [r["step_seconds"] for r in rows]
     assert steps == sorted(steps)
@@ -195,7 +195,7 @@ def test_a_step_that_does_not_fit_says_by_how_much_and_what_may(capsys):
 def test_the_suggested_microbatches_fit():
     kwargs = _arguments("smoke", "v4-8", HUGE_BATCH)
     refused = aot.compile_train_step(accelerator="v4-8", **kwargs)
-    k = aot.suggest_microbatches(refused, kwargs["batch_size"])
+    k = mesh_search.suggest_microbatches(refused, kwargs["batch_size"])
     found = aot.compile_train_step(accelerator="v4-8", **dict(kwargs, num_microbatches=k))
     assert found.fits and found.temp_bytes < refused.temp_bytes / (k / 2)
 
@@ -211,8 +211,8 @@ def test_suggested_microbatches_divide_among_the_devices():
         out_of_memory="RESOURCE_EXHAUSTED", usable_hbm_bytes=30 * gib,
     )  # fmt: skip
     # 90 GiB of temporaries in the 28 GiB beside the arguments: 4 microbatches (3.2 rounded up).
-    assert aot.suggest_microbatches(refused, 256) == 4
-    assert aot.suggest_microbatches(refused, 8004) is None  # 2,001 rows do not split 4 ways
+    assert mesh_search.suggest_microbatches(refused, 256) == 4
+    assert mesh_search.suggest_microbatches(refused, 8004) is None  # 2,001 rows do not split 4 ways
     assert refused.over_bytes == 62 * gib and not refused.fits
 
 
