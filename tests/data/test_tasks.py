@@ -317,7 +317,7 @@ def test_encoder_tasks_chunk_through_the_memo():
     steps = tasks.build_task("wiki_sample", "bert_mlm", register=False, memoize_tokens=False)
     assert [s.func.__name__ for s in steps.preprocessors] == [
         "tokenize_documents",
-        "_chunks",
+        "chunks",
         "_masked",
     ]
 
