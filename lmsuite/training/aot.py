@@ -223,12 +223,18 @@ def compile_train_step(
     """
     slice_ = accelerators.get(accelerator)
     devices = slice_devices(accelerator)
+    if len(mesh_shape) != 3:
+        raise ValueError(f"mesh {tuple(mesh_shape)}: expected three sizes (data, fsdp, tensor)")
+    data, fsdp, tensor = mesh_shape
+    try:
+        mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor, devices=devices)
+    except ValueError as error:
+        raise ValueError(f"{accelerator}: {error}") from error
+    data, fsdp, tensor = (mesh.shape[axis] for axis in partitioning.MESH_AXES)
     problems: list[str] = []
-    data, fsdp, tensor = _resolve_mesh(mesh_shape, len(devices), accelerator)
     preflight.batch_checks(problems, batch_size, (data, fsdp, tensor), num_microbatches)
     if problems:
         raise ValueError("; ".join(problems))
-    mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor, devices=devices)
     shapes_from = task
     if batch is None:
         batch, shapes_from = abstract_batch(
@@ -403,31 +409,6 @@ def _total_bytes(memory) -> int:
         + memory.temp_size_in_bytes
     )
     return int(max(peak, summed) + memory.generated_code_size_in_bytes)
-
-
-def _resolve_mesh(mesh_shape: Sequence[int], num_devices: int, accelerator: str):
-    sizes = [int(s) for s in mesh_shape]
-    if len(sizes) != 3 or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(
-            f"mesh {tuple(mesh_shape)} must be three sizes (data, fsdp, tensor), positive, at "
-            "most one of them -1"
-        )
-    known = 1
-    for s in sizes:
-        known *= s if s != -1 else 1
-    if -1 in sizes:
-        if num_devices % known:
-            raise ValueError(
-                f"mesh {tuple(mesh_shape)}: {accelerator} has {num_devices} devices, which the "
-                f"fixed axes ({known}) do not divide"
-            )
-        sizes[sizes.index(-1)] = num_devices // known
-    if sizes[0] * sizes[1] * sizes[2] != num_devices:
-        raise ValueError(
-            f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = "
-            f"{sizes[0] * sizes[1] * sizes[2]} devices, but {accelerator} has {num_devices}"
-        )
-    return tuple(sizes)
 
 
 def _serialize(compiled, directory: str, accelerator: str, mesh) -> str:

@@ -55,7 +55,7 @@ def _expected_argument_bytes(kwargs, topology, mesh_shape, compiled=None) -> tup
     from lmsuite.training import step
 
     devices = aot.slice_devices(topology)
-    data, fsdp, tensor = aot._resolve_mesh(mesh_shape, len(devices), topology)
+    data, fsdp, tensor = mesh_shape
     mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor, devices=devices)
     recipe = kwargs["recipe"]
     batch, _ = aot.abstract_batch(
@@ -160,7 +160,7 @@ def test_compile_cli_table_and_serialized_executable(capsys, tmp_path):
     [
         (["--topology=v4-7"], "unknown TPU accelerator 'v4-7': v4 slices are v4-8, v4-16"),
         (["--topology=v9-8"], "known: v3-8, v3-32"),
-        (["--topology=v4-8", "--mesh=3,1,1"], "x tensor=1 = 3 devices, but v4-8 has 4"),
+        (["--topology=v4-8", "--mesh=3,1,1"], "v4-8: mesh data=3 x fsdp=1 x tensor=1 needs 3"),
         (["--topology=v4-8", "--mesh=1,2"], "expected three comma-separated sizes"),
         (["--topology=v4-32", "--gin.BATCH_SIZE=12"], "batch_size 12 is not divisible by"),
     ],
