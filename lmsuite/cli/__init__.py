@@ -324,6 +324,7 @@ def run_pretrain(args):
         sequence_length=kwargs["sequence_length"],
         feature_converter=built.feature_converter,
         global_batch_size=kwargs["batch_size"],
+        rows_task=built.recipe.rows_task,
     )
     held_out = input_pipeline.eval_dataset(  # the batches the run's evaluation read
         **data,

@@ -432,7 +432,11 @@ class ClassificationFeatureConverter(seqio.FeatureConverter):
 
 
 class PermutationLmFeatureConverter(seqio.FeatureConverter):
-    """Checks and casts XLNet permutation-LM examples (see `preprocessors/xlnet.py`)."""
+    """Checks and casts XLNet permutation-LM examples (see `preprocessors/xlnet.py`).
+
+    `stream_row` and `stream_step` pass through: the trainer resets a row's memory where its
+    stream starts (stream_step 0), and tests check row continuity with them.
+    """
 
     TASK_FEATURES = {"input_k": _Spec(dtype=tf.int32), "target": _Spec(dtype=tf.int32)}
     MODEL_FEATURES = {
@@ -443,6 +447,8 @@ class PermutationLmFeatureConverter(seqio.FeatureConverter):
         "target_mapping": _Spec(dtype=tf.float32, rank=2),
         "target": _Spec(dtype=tf.int32),
         "target_mask": _Spec(dtype=tf.float32),
+        "stream_row": _Spec(dtype=tf.int32, rank=0),
+        "stream_step": _Spec(dtype=tf.int32, rank=0),
     }
     PACKING_FEATURE_DTYPES = None
 
@@ -468,4 +474,6 @@ class PermutationLmFeatureConverter(seqio.FeatureConverter):
             "target_mapping": predictions,
             "target": predictions,
             "target_mask": predictions,
+            "stream_row": 1,  # rank 0: SeqIO skips their length check
+            "stream_step": 1,
         }

@@ -2,5 +2,6 @@
 
 from lmsuite.models.config import ModelConfig, XLNetOptions
 from lmsuite.models.transformer import Transformer
+from lmsuite.models.two_stream import memory_shapes
 
-__all__ = ["ModelConfig", "Transformer", "XLNetOptions"]
+__all__ = ["ModelConfig", "Transformer", "XLNetOptions", "memory_shapes"]

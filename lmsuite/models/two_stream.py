@@ -341,6 +341,29 @@ def cache_memory(config: ModelConfig, h_BLD, mem_BCD):
     return jax.lax.stop_gradient(states)
 
 
+def memory_shapes(config: ModelConfig, batch_size: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The memory a training state carries from step to step: one (B, mem_len, D) array per
+    layer, in the compute dtype. With memory of that shape `new_mems` has it too, so the state
+    keeps one shape; the first step's memory is zeros, as the reference's `init_mems`.
+
+    Raises:
+      ValueError: not architecture="xlnet", or no fixed `XLNetOptions.mem_len`.
+    """
+    if config.architecture != "xlnet":
+        raise ValueError(
+            f"only architecture='xlnet' carries memory between steps, got {config.architecture!r}"
+        )
+    if config.xlnet.mem_len is None:
+        raise ValueError(
+            "a training state needs a fixed memory: set XLNetOptions.mem_len (the reference "
+            "pretrains with 384 for seq_len 512), got None"
+        )
+    shape = (batch_size, config.xlnet.mem_len, config.d_model)
+    return tuple(
+        jax.ShapeDtypeStruct(shape, config.compute_dtype) for _ in range(config.num_layers)
+    )
+
+
 class TwoStreamTransformer(nn.Module):
     """ids -> {"hidden", "lm_logits", "new_mems"}: XLNet and its LM head (tied unless
     config.tie_embeddings=False, with its own bias `lm_head/output_bias`).

@@ -7,10 +7,11 @@ gradients that add up exactly to the big batch's gradient.
 """
 
 from lmsuite.objectives import seq2seq  # noqa: I001  (the module; its factory is seq2seq.seq2seq)
-from lmsuite.objectives.base import Objective, TermSums
+from lmsuite.objectives.base import Carry, Objective, TermSums
 from lmsuite.objectives.causal_lm import causal_lm, prefix_lm
 from lmsuite.objectives.classification import classification
 from lmsuite.objectives.mlm import mlm
+from lmsuite.objectives.plm import permutation_lm
 from lmsuite.objectives.rtd import rtd
 
 FACTORIES = {
@@ -19,6 +20,7 @@ FACTORIES = {
     "prefix_lm": prefix_lm,
     "classification": classification,
     "rtd": rtd,
+    "permutation_lm": permutation_lm,
     "seq2seq": seq2seq.seq2seq,
 }
 
@@ -32,12 +34,14 @@ def make_objective(*, name: str, **kwargs) -> Objective:
 
 __all__ = [
     "FACTORIES",
+    "Carry",
     "Objective",
     "TermSums",
     "causal_lm",
     "classification",
     "make_objective",
     "mlm",
+    "permutation_lm",
     "prefix_lm",
     "rtd",
     "seq2seq",

@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,22 @@ class MetricSum(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Carry:
+    """A state the model returns with one batch and takes back with the next (XLNet's memory).
+
+    Attributes:
+      model_input: the model's keyword argument that receives it (e.g. "mems").
+      model_output: the model output that holds the next step's value (e.g. "new_mems").
+      reset: (carried, batch) -> what this batch's rows see: rows that start a new stream get
+        the initial (zero) state.
+    """
+
+    model_input: str
+    model_output: str
+    reset: Callable[[Any, Batch], Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Objective:
     """What the training step needs to know about an objective.
 
@@ -42,6 +58,8 @@ class Objective:
         accuracy per real target token).
       metric_sums: optional (model outputs, batch) -> {metric: MetricSum}, metrics beyond each
         term's loss and accuracy (sequence accuracy, z-loss), reported under their own names.
+      carry: a state carried from step to step through the model (None: each step stands
+        alone); the train state holds it, so checkpoints keep it.
     """
 
     name: str
@@ -52,6 +70,7 @@ class Objective:
     term_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     accuracy_denominators: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metric_sums: Callable[[Mapping[str, jax.Array], Batch], dict[str, MetricSum]] | None = None
+    carry: Carry | None = None
 
     def loss_and_metrics(
         self, outputs: Mapping[str, jax.Array], batch: Batch, denominators: Mapping[str, jax.Array]

@@ -31,7 +31,7 @@ import optax
 from etils import epath
 
 from lmsuite import partitioning
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import ModelConfig, Transformer, memory_shapes
 from lmsuite.training import accelerators, input_pipeline, preflight, recipes, report, step
 from lmsuite.training.train_state import sharded_abstract_state
 
@@ -342,8 +342,17 @@ def _lower_step(
     skip_nonfinite,
 ):
     """`lmsuite train`'s jitted step, lowered for `mesh` from shapes alone."""
+    batch_size = next(iter(batch.values())).shape[0]
+    carry_shapes = (
+        None if recipe.objective.carry is None else memory_shapes(model.config, batch_size)
+    )
     state, state_shardings, _ = sharded_abstract_state(
-        init_params=init_params, tx=optimizer, mesh=mesh, rng=jax.random.PRNGKey(seed), rules=rules
+        init_params=init_params,
+        tx=optimizer,
+        mesh=mesh,
+        rng=jax.random.PRNGKey(seed),
+        rules=rules,
+        carry_shapes=carry_shapes,
     )
     batch_sharding = step.batch_shardings(batch, mesh, rules=rules)
     abstract_input = {

@@ -13,7 +13,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -37,6 +37,7 @@ def process_dataset(
     skip_batches: int = 0,
     input_threads: int | None = None,
     input_sharding: str = "source",
+    rows_task: Callable[[str, int], str] | None = None,
 ) -> tf.data.Dataset:
     """This process's batches of `task`, after `skip_batches` global batches.
 
@@ -45,6 +46,11 @@ def process_dataset(
     the pod) or "replicated" (each process builds the whole global batch and keeps its rows:
     the batches do not depend on the process count, so a run on N hosts sees what one host
     sees, at N times the input work).
+
+    `rows_task`: for tasks whose examples are interleaved rows of streams (XLNet: row i of batch
+    t + 1 continues row i of batch t): (task, rows) -> the task laid out for a pipeline that
+    batches `rows` examples (the process's rows with "source", the global batch with
+    "replicated"). Its examples are read in order, never shuffled.
 
     Example: 2 processes, global batch 8 -> each yields dicts of (4, ...) numpy-ready tensors;
     "source": process 0 reads SeqIO shard 0 of 2; "replicated": process 1 keeps rows 4-7.
@@ -59,6 +65,9 @@ def process_dataset(
         )
     replicated = input_sharding == "replicated"
     local_batch = global_batch_size // num_processes
+    if rows_task is not None:
+        task = rows_task(task, global_batch_size if replicated else local_batch)
+        shuffle = False  # a shuffle would interleave unrelated rows and steps
     dataset = seqio.get_dataset(
         task,
         task_feature_lengths=dict(sequence_length),
@@ -109,6 +118,7 @@ def eval_dataset(
     split: str = EVAL_SPLIT,
     batches: int = EVAL_BATCHES,
     input_sharding: str = "source",
+    rows_task: Callable[[str, int], str] | None = None,
 ) -> tf.data.Dataset:
     """The held-out batches periodic evaluation reads: `split` in order, unshuffled, one pass,
     the first `batches` batches (fewer if the split is smaller)."""
@@ -121,6 +131,7 @@ def eval_dataset(
         shuffle=False,
         repeat=False,
         input_sharding=input_sharding,
+        rows_task=rows_task,
     ).take(batches)
 
 

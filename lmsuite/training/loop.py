@@ -13,12 +13,13 @@ import time
 from collections.abc import Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import optax
 from etils import epath
 from tqdm import tqdm
 
 from lmsuite import partitioning
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import ModelConfig, Transformer, memory_shapes
 from lmsuite.training import checkpointing, input_pipeline, preflight, recipes, report, step
 from lmsuite.training.metrics import MetricsLog
 from lmsuite.training.train_state import abstract_state, create_sharded_state
@@ -165,18 +166,27 @@ def train(
         seed=seed,
         input_threads=input_threads,
         input_sharding=input_sharding,
+        rows_task=recipe.recipe.rows_task,
     )
     example = report.example_inputs(train_data.element_spec)
 
     # --------------------------------------------------------------- model and optimizer
     model = Transformer(model_config)
 
+    # A carried state (XLNet's memory) holds one row per batch row: the global batch.
+    carry_shapes = None if objective.carry is None else memory_shapes(model_config, batch_size)
+
     def init_params(rng):
         inputs = objective.model_inputs(example)
         return model.init({"params": rng}, **inputs)["params"]
 
     state, state_shardings, logical_specs = create_sharded_state(
-        init_params=init_params, tx=optimizer, mesh=mesh, rng=jax.random.PRNGKey(seed), rules=rules
+        init_params=init_params,
+        tx=optimizer,
+        mesh=mesh,
+        rng=jax.random.PRNGKey(seed),
+        rules=rules,
+        carry_shapes=carry_shapes,
     )
     if is_main:
         report.write_model_info(
@@ -232,6 +242,10 @@ def train(
         rules=rules,
     )
     dropout_rng = jax.random.PRNGKey(seed + 1)
+    initial_carry = jax.jit(
+        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry_shapes),
+        out_shardings=state_shardings.carry,
+    )
 
     def evaluate() -> dict[str, float]:
         eval_data = input_pipeline.eval_dataset(
@@ -242,11 +256,14 @@ def train(
             split=eval_split,
             batches=eval_batches,
             input_sharding=input_sharding,
+            rows_task=recipe.recipe.rows_task,
         )
         totals: dict[str, float] = {}
         count = 0
+        carry = initial_carry()  # held-out rows carry their own memory, from zeros
         for local in eval_data.as_numpy_iterator():
-            metrics = eval_step(state, input_pipeline.to_global(local, batch_sharding))
+            batch = input_pipeline.to_global(local, batch_sharding)
+            metrics, carry = eval_step(state, batch, carry)
             for k, v in jax.device_get(metrics).items():
                 totals[k] = totals.get(k, 0.0) + float(v)
             count += 1

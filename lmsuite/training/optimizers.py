@@ -21,8 +21,10 @@ import optax
 OPTIMIZERS = ("adamw", "lamb", "adafactor", "sgd")
 # ALBERT's default LAMB learning rate (batch 4096, `run_pretraining.py --learning_rate`).
 ALBERT_LAMB_LEARNING_RATE = 0.00176
-# A parameter whose tree path matches this is a LayerNorm/RMSNorm parameter or a bias.
-NO_DECAY_PATTERN = r"(^|/)[^/]*(norm|LayerNorm|layer_norm)[^/]*(/|$)|(^|/)bias$"
+# A parameter whose tree path matches this is a LayerNorm/RMSNorm parameter or a bias: any name
+# ending in "bias", as the TF references match "bias" anywhere in a variable's name (BERT's and
+# ALBERT's exclude_from_weight_decay; XLNet's r_w_bias, r_r_bias, r_s_bias and its LM bias).
+NO_DECAY_PATTERN = r"(^|/)[^/]*(norm|LayerNorm|layer_norm)[^/]*(/|$)|bias$"
 
 
 def _path_string(path) -> str:

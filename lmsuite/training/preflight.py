@@ -302,4 +302,6 @@ def recipe_run_problems(
                 f"{where} feeds two segment types, but ModelConfig.type_vocab_size = "
                 f"{model_config.type_vocab_size}; set it to 2"
             )
+        if recipe.check_model is not None:
+            out.extend(f"{where}: {p}" for p in recipe.check_model(model_config, sequence_length))
     return out

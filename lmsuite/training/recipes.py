@@ -25,10 +25,10 @@ import seqio
 from lmsuite import objectives as losses
 from lmsuite.data import feature_converters as fc
 from lmsuite.data import vocab as vocab_lib
-from lmsuite.data.preprocessors import mass, span_corruption, spanbert
+from lmsuite.data.preprocessors import mass, span_corruption, spanbert, xlnet
 from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.models import ModelConfig
-from lmsuite.objectives import Objective, seq2seq
+from lmsuite.objectives import Objective, plm, seq2seq
 
 ENCODER_MLM_FEATURES = ("input_ids", "masked_positions", "masked_ids", "masked_weights")
 SEQ2SEQ_METRICS = tuple(
@@ -70,6 +70,11 @@ class Recipe:
       prediction_name: how the summary names the predictions ("MLM", "target", "LM").
       example_model: a compatible `gin/models/*_tiny.gin` (+ bindings) for tests and docs.
       check_lengths: optional sequence_length -> problems specific to this row.
+      check_model: optional (model config, sequence_length or None) -> problems of the model
+        with this row beyond its architecture and heads.
+      rows_task: for tasks whose examples are interleaved rows of streams, (task, rows) -> the
+        task laid out for batches of `rows` rows, read in order
+        (`input_pipeline.process_dataset`); None for every row whose examples stand alone.
       reference: the paper code this row follows; `differences` what lmsuite does otherwise.
     """
 
@@ -94,6 +99,8 @@ class Recipe:
     example_model: str
     example_bindings: tuple[str, ...] = ()
     check_lengths: Callable[[Mapping[str, int]], list[str]] | None = None
+    check_model: Callable[[ModelConfig, Mapping[str, int] | None], list[str]] | None = None
+    rows_task: Callable[[str, int], str] | None = None
     reference: str = ""
     differences: str = ""
 
@@ -135,6 +142,40 @@ def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
 def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
     problem = mass.targets_length_problem(lengths)
     return [] if problem is None else [problem]
+
+
+def _xlnet_lengths(length: int) -> dict[str, int]:
+    # The reference's num_predict for seq_len 512 is 85: (L - 3) tokens of A + B, 1 in 6.
+    return {"input_k": length, "target": max(1, round((length - 3) / 6))}
+
+
+def _xlnet_rows(task: str, rows: int) -> str:
+    return xlnet.stream_task(seqio.get_mixture_or_task(task), batch_size=rows).name
+
+
+def _xlnet_model_problems(config: ModelConfig, lengths: Mapping[str, int] | None) -> list[str]:
+    if config.architecture != "xlnet":
+        return []  # the architecture check names it
+    opts, out = config.xlnet, []
+    if opts.mem_len is None:
+        out.append(
+            "the train state carries a fixed memory: set XLNetOptions.mem_len (the reference: "
+            "384 for seq_len 512), got None"
+        )
+    if opts.bi_data:
+        out.append(
+            "XLNetOptions.bi_data = True reads half the batch backwards, but the xlnet_plm data "
+            "has no reversed rows; set XLNetOptions.bi_data = False"
+        )
+    if lengths and "input_k" in lengths:
+        reuse = int(lengths["input_k"]) // 2
+        if opts.reuse_len != reuse:
+            out.append(
+                f"XLNetOptions.reuse_len = {opts.reuse_len}, but the data's windows reuse their "
+                f"first input_k // 2 = {reuse} positions (the next window starts there, so only "
+                f"they belong in the memory); set XLNetOptions.reuse_len = {reuse}"
+            )
+    return out
 
 
 def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> Recipe:
@@ -304,6 +345,33 @@ RECIPES: dict[str, Recipe] = {
             model="bart_tiny",
             check_lengths=_mass_fits,
             reference="microsoft/MASS MASS-unsupNMT/src/trainer.py (mass_step)",
+        ),
+        Recipe(
+            name="xlnet_plm",
+            summary="XLNet permutation LM: two streams, 1/6 of the tokens predicted, "
+            "Transformer-XL memory carried from step to step",
+            objectives=("xlnet_plm",),
+            length_keys=("input_k", "target"),
+            lengths_for=_xlnet_lengths,
+            task_features=("input_k", "target"),
+            converter=lambda pack: fc.PermutationLmFeatureConverter(pack=pack),
+            pack=False,
+            loss=losses.permutation_lm,
+            loss_features=plm.FEATURES + ("stream_step",),
+            architectures=("xlnet",),
+            heads=("lm",),
+            metrics=("plm_loss", "plm_accuracy"),
+            prediction_features=("target", "target_mask"),
+            learning_metrics=("plm_accuracy", "plm_loss"),
+            prediction_name="PLM",
+            example_model="xlnet_tiny",
+            example_bindings=("XLNetOptions.mem_len = 48", "XLNetOptions.reuse_len = 32"),
+            check_model=_xlnet_model_problems,
+            rows_task=_xlnet_rows,
+            reference="zihangdai/xlnet train_gpu.py, function_builder.two_stream_loss, "
+            "modeling.lm_loss",
+            differences="a row's memory is reset to zeros (the reference's initial memory) "
+            "where its stream starts; the reference never resets; no bi_data",
         ),
     ]
 }

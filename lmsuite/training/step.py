@@ -40,6 +40,19 @@ def split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
     return {name: split(name, x) for name, x in batch.items()}
 
 
+def model_inputs(objective: Objective, batch: Batch, carry: Any) -> dict:
+    """The model's keyword arguments for `batch`, with the carried state (reset where a row
+    starts a new stream) when the objective carries one."""
+    inputs = objective.model_inputs(batch)
+    if objective.carry is not None:
+        inputs[objective.carry.model_input] = objective.carry.reset(carry, batch)
+    return inputs
+
+
+def _new_carry(objective: Objective, outputs) -> Any:
+    return None if objective.carry is None else outputs[objective.carry.model_output]
+
+
 def loss_and_grads(
     params: Any,
     batch: Batch,
@@ -48,47 +61,57 @@ def loss_and_grads(
     apply_fn: Callable[..., dict[str, jax.Array]],
     objective: Objective,
     num_microbatches: int = 1,
-) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-    """(loss, term metrics, gradients) of the whole batch, accumulated over microbatches.
+    carry: Any = None,
+) -> tuple[jax.Array, dict[str, jax.Array], Any, Any]:
+    """(loss, term metrics, gradients, next carry) of the whole batch, accumulated over
+    microbatches.
 
     Microbatch i uses dropout key `fold_in(rng, i)`; without accumulation the key is `rng`.
+    `carry` (the objective's carried state, each (B, ...)) is split along the batch with it, so
+    row r of the batch always meets row r of the carry.
     """
     denominators = objective.denominators(batch)
 
-    def loss_fn(params, micro, micro_rng):
+    def loss_fn(params, micro, micro_carry, micro_rng):
         outputs = apply_fn(
             {"params": params},
-            **objective.model_inputs(micro),
+            **model_inputs(objective, micro, micro_carry),
             deterministic=False,
             rngs={"dropout": micro_rng},
         )
-        return objective.loss_and_metrics(outputs, micro, denominators)
+        loss, metrics = objective.loss_and_metrics(outputs, micro, denominators)
+        return loss, (metrics, _new_carry(objective, outputs))
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if num_microbatches == 1:
-        (loss, metrics), grads = grad_fn(params, batch, rng)
-        return loss, metrics, grads
+        (loss, (metrics, new_carry)), grads = grad_fn(params, batch, carry, rng)
+        return loss, metrics, grads, new_carry
 
     micro_batches = split_microbatches(batch, num_microbatches)
+    micro_carries = jax.tree.map(
+        lambda x: x.reshape((num_microbatches, x.shape[0] // num_microbatches) + x.shape[1:]),
+        carry,
+    )
 
-    def accumulate(carry, xs):
-        index, micro = xs
-        (micro_loss, micro_metrics), micro_grads = grad_fn(
-            params, micro, jax.random.fold_in(rng, index)
+    def accumulate(sums, xs):
+        index, micro, micro_carry = xs
+        (micro_loss, (micro_metrics, next_carry)), micro_grads = grad_fn(
+            params, micro, micro_carry, jax.random.fold_in(rng, index)
         )
-        return jax.tree.map(jnp.add, carry, (micro_loss, micro_metrics, micro_grads)), None
+        return jax.tree.map(jnp.add, sums, (micro_loss, micro_metrics, micro_grads)), next_carry
 
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    metric_shapes = jax.eval_shape(lambda: loss_fn(params, first, rng)[1])
+    first = jax.tree.map(lambda x: x[0], (micro_batches, micro_carries))
+    metric_shapes = jax.eval_shape(lambda: loss_fn(params, *first, rng)[1][0])
     zeros = (
         jnp.zeros((), jnp.float32),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
         jax.tree.map(jnp.zeros_like, params),
     )
-    (loss, metrics, grads), _ = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches)
+    (loss, metrics, grads), next_carries = jax.lax.scan(
+        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries)
     )
-    return loss, metrics, grads
+    new_carry = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), next_carries)
+    return loss, metrics, grads, new_carry
 
 
 def train_step(
@@ -109,7 +132,8 @@ def train_step(
       batch: global batch of features, each (B, ...).
       rng: the run's dropout key; this step uses `fold_in(rng, state.step)`.
       apply_fn: `model.apply`.
-      objective: model inputs and loss terms.
+      objective: model inputs and loss terms; with `objective.carry`, the model also takes
+        `state.carry` and the new state holds what it returned.
       learning_rate_fn: the schedule, only to report the rate used.
       num_microbatches: gradient-accumulation steps per update.
       skip_nonfinite: if the loss or gradient norm is NaN/Inf, keep the old parameters and
@@ -120,13 +144,14 @@ def train_step(
       (new_state, metrics): scalars `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
       `nonfinite`, `skipped` and each term's `{term}_loss` / `{term}_accuracy`.
     """
-    loss, metrics, grads = loss_and_grads(
+    loss, metrics, grads, carry = loss_and_grads(
         state.params,
         batch,
         jax.random.fold_in(rng, state.step),
         apply_fn=apply_fn,
         objective=objective,
         num_microbatches=num_microbatches,
+        carry=state.carry,
     )
     grad_norm = optax.global_norm(grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
@@ -136,9 +161,10 @@ def train_step(
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         params = keep(params, state.params)
         opt_state = keep(opt_state, state.opt_state)
+        carry = keep(carry, state.carry)  # a skipped step's memory may hold the NaN
     skipped = state.skipped + jnp.where(finite, 0, 1).astype(state.skipped.dtype) * skip_nonfinite
     new_state = state.replace(
-        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped
+        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped, carry=carry
     )
     metrics = dict(metrics)
     metrics |= {
@@ -209,16 +235,21 @@ def jit_train_step(
 def eval_step(
     state: TrainState,
     batch: Batch,
+    carry: Any = None,
     *,
     apply_fn: Callable[..., dict[str, jax.Array]],
     objective: Objective,
-) -> dict[str, jax.Array]:
-    """Loss and term metrics of one batch without dropout."""
+) -> tuple[dict[str, jax.Array], Any]:
+    """(loss and term metrics of one batch without dropout, the next carry).
+
+    Evaluation carries its own state from batch to batch (`initial_carry` of the run's shapes),
+    never the training one: held-out rows continue held-out text.
+    """
     outputs = apply_fn(
-        {"params": state.params}, **objective.model_inputs(batch), deterministic=True
+        {"params": state.params}, **model_inputs(objective, batch, carry), deterministic=True
     )
     loss, metrics = objective.loss_and_metrics(outputs, batch, objective.denominators(batch))
-    return dict(metrics) | {"loss": loss}
+    return dict(metrics) | {"loss": loss}, _new_carry(objective, outputs)
 
 
 def jit_eval_step(
@@ -229,16 +260,17 @@ def jit_eval_step(
     batch_sharding: dict[str, NamedSharding],
     mesh: Mesh,
     rules: partitioning.Rules = partitioning.DEFAULT_RULES,
-) -> Callable[[TrainState, Batch], dict[str, jax.Array]]:
-    """`eval_step` jitted with explicit shardings (nothing donated)."""
+) -> Callable[[TrainState, Batch, Any], tuple[dict[str, jax.Array], Any]]:
+    """`eval_step` jitted with explicit shardings (nothing donated); the carry is sharded as the
+    state's."""
     jitted = jax.jit(
         functools.partial(eval_step, apply_fn=apply_fn, objective=objective),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=NamedSharding(mesh, PartitionSpec()),
+        in_shardings=(state_shardings, batch_sharding, state_shardings.carry),
+        out_shardings=(NamedSharding(mesh, PartitionSpec()), state_shardings.carry),
     )
 
-    def run(state, batch):
+    def run(state, batch, carry=None):
         with jax.set_mesh(mesh), nn.logical_axis_rules(tuple(rules)):
-            return jitted(state, batch)
+            return jitted(state, batch, carry)
 
     return run

@@ -22,7 +22,10 @@ class TrainState(flax.struct.PyTreeNode):
     """Step counter, float32 parameters and optimizer state; `tx` is static.
 
     `skipped` counts steps whose loss or gradient was not finite and were skipped (only when the
-    step is built with `skip_nonfinite=True`).
+    step is built with `skip_nonfinite=True`). `carry` is what an objective carries from step to
+    step through the model (`Objective.carry`: XLNet's memory, one (B, C, D) array per layer,
+    sharded along the batch like activations); None for every other objective. It lives here so
+    that a checkpoint keeps it and a resumed run continues exactly.
     """
 
     step: jax.Array
@@ -30,6 +33,7 @@ class TrainState(flax.struct.PyTreeNode):
     opt_state: Any
     skipped: jax.Array
     tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
+    carry: Any = None
 
 
 def _param_like(tree, params_treedef) -> bool:
@@ -68,11 +72,13 @@ def sharded_abstract_state(
     mesh: Mesh,
     rng: jax.Array,
     rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+    carry_shapes: Any = None,
 ) -> tuple[TrainState, TrainState, Any]:
     """The state's shapes and shardings, without creating any array.
 
     `lmsuite compile` stops here (its mesh's devices exist only to compile for); training goes
-    on to `create_sharded_state`.
+    on to `create_sharded_state`. `carry_shapes`: ShapeDtypeStructs of `TrainState.carry`
+    (None: no carry), each (B, ...) and sharded along its batch dimension.
 
     Returns:
       (abstract_state, state_shardings, logical_param_specs): ShapeDtypeStructs carrying their
@@ -92,12 +98,31 @@ def sharded_abstract_state(
         opt_state=opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh),
         skipped=replicated,
         tx=tx,
+        carry=carry_shardings(carry_shapes, mesh, rules=rules),
     )
+    if carry_shapes is not None:
+        partitioning.check_divisible(carry_shapes, shardings.carry, what="carry")
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     shapes = TrainState(
-        step=scalar, params=abstract_params, opt_state=abstract_opt_state, skipped=scalar, tx=tx
+        step=scalar,
+        params=abstract_params,
+        opt_state=abstract_opt_state,
+        skipped=scalar,
+        tx=tx,
+        carry=carry_shapes,
     )
     return abstract_state(shardings, shapes), shardings, logical_specs
+
+
+def carry_shardings(carry_shapes, mesh: Mesh, *, rules: partitioning.Rules) -> Any:
+    """Each carried (B, ...) array sharded along its batch dimension, the rest replicated (as the
+    activations it came from: XLNet's (B, C, D) memory is a layer's output)."""
+    return jax.tree.map(
+        lambda s: partitioning.named_sharding(
+            mesh, (partitioning.BATCH,) + (None,) * (len(s.shape) - 1), rules=rules
+        ),
+        carry_shapes,
+    )
 
 
 def create_sharded_state(
@@ -107,6 +132,7 @@ def create_sharded_state(
     mesh: Mesh,
     rng: jax.Array,
     rules: partitioning.Rules = partitioning.DEFAULT_RULES,
+    carry_shapes: Any = None,
 ) -> tuple[TrainState, TrainState, Any]:
     """Initialises a sharded TrainState.
 
@@ -116,6 +142,7 @@ def create_sharded_state(
       tx: the optimizer.
       mesh, rules: where the logical axis names go.
       rng: the parameter-initialisation key.
+      carry_shapes: ShapeDtypeStructs of the carried state, created as zeros (None: none).
 
     Returns:
       (state, state_shardings, logical_param_specs): the state with every leaf placed by its
@@ -123,7 +150,7 @@ def create_sharded_state(
       restoring checkpoints), and the logical PartitionSpecs of the parameters (for reports).
     """
     _, shardings, logical_specs = sharded_abstract_state(
-        init_params=init_params, tx=tx, mesh=mesh, rng=rng, rules=rules
+        init_params=init_params, tx=tx, mesh=mesh, rng=rng, rules=rules, carry_shapes=carry_shapes
     )
 
     def init(key):
@@ -134,6 +161,7 @@ def create_sharded_state(
             opt_state=tx.init(params),
             skipped=jnp.zeros((), jnp.int32),
             tx=tx,
+            carry=jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry_shapes),
         )
 
     # No mesh context here: `out_shardings` places the state, and Flax's constraint-on-unbox

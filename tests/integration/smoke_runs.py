@@ -25,13 +25,35 @@ def env(**extra) -> dict[str, str]:
     return out
 
 
+# XLNet with its memory in the train state, on the smoke run's schedule (30 steps, a checkpoint
+# every 10, every step logged): a resumed run is bitwise only if the memory resumes too.
+XLNET = (
+    "--gin_file=experiments/xlnet_tiny.gin",
+    "--gin.TRAIN_STEPS=30",
+    "--gin.WARMUP_STEPS=5",
+    "--gin.CHECKPOINT_EVERY=10",
+    "--gin.SEQUENCE_LENGTH={'input_k': 64, 'target': 10}",
+    "--gin.XLNetOptions.reuse_len=32",
+    "--gin.XLNetOptions.mem_len=48",
+    "--gin.BATCH_SIZE=8",
+    "--gin.train.log_every=1",
+    "--gin.train.eval_every=0",
+    "--gin.train.final_eval=False",
+    "--gin.train.progress_bar=False",
+)
+
+
 def command(model_dir: Path, *bindings: str) -> list[str]:
+    """`lmsuite train` on smoke.gin, or on the gin file the bindings name first."""
+    gin_file = [] if any(b.startswith("--gin_file=") for b in bindings) else [
+        "--gin_file=experiments/smoke.gin"
+    ]  # fmt: skip
     return [
         sys.executable,
         "-m",
         "lmsuite.cli",
         "train",
-        "--gin_file=experiments/smoke.gin",
+        *gin_file,
         f"--model_dir={model_dir}",
         *bindings,
     ]

@@ -60,17 +60,50 @@ def test_kill_during_checkpoint_write_then_sigterm_then_resume_is_bitwise(refere
     assert smoke.losses(model_dir) == expected
 
 
-def _kill_at_random_step_and_resume(reference, tmp_path, seed):
+def _kill_at_random_step_and_resume(reference, tmp_path, seed, *bindings, low=2):
     _, expected = reference
     model_dir = tmp_path / f"trial{seed}"
-    kill_after = random.Random(seed).randint(2, smoke.SMOKE_STEPS - 2)
-    process = smoke.start(model_dir)
+    kill_after = random.Random(seed).randint(low, smoke.SMOKE_STEPS - 2)
+    process = smoke.start(model_dir, *bindings)
     smoke.wait_for_step(process, model_dir, kill_after)
     process.kill()
     process.wait(timeout=60)
-    result = smoke.run(model_dir)
+    result = smoke.run(model_dir, *bindings)
     assert result.returncode == 0, result.stderr[-3000:]
     assert smoke.losses(model_dir) == expected, f"killed after step {kill_after}"
+    return kill_after
+
+
+@pytest.fixture(scope="module")
+def xlnet_reference(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("xlnet_reference")
+    result = smoke.run(model_dir, *smoke.XLNET)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = smoke.losses(model_dir)
+    assert sorted(losses) == list(range(1, smoke.SMOKE_STEPS + 1))
+    assert smoke.committed_steps(model_dir) == [10, 20, 30]
+    return model_dir, losses
+
+
+def test_kill_9_and_resume_xlnet_with_its_memory_is_bitwise(xlnet_reference, tmp_path):
+    """Killed after a checkpoint (step >= 11), the resumed run restores the memory from it; a
+    memory restarted from zeros would change every later loss."""
+    killed_after = _kill_at_random_step_and_resume(
+        xlnet_reference, tmp_path, 0, *smoke.XLNET, low=11
+    )
+    assert killed_after >= 11
+
+
+def test_xlnet_losses_depend_on_the_memory(xlnet_reference, tmp_path):
+    """The bitwise resume above can fail only if the memory matters: without it, the same run's
+    losses differ at every step (even the first, whose memory is zeros: attended zero states
+    still take attention weight, as in the reference)."""
+    _, with_memory = xlnet_reference
+    model_dir = tmp_path / "no_memory"
+    result = smoke.run(model_dir, *smoke.XLNET, "--gin.make_recipe.loss_options={'memory': False}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    without = smoke.losses(model_dir)
+    assert all(without[s] != with_memory[s] for s in range(1, smoke.SMOKE_STEPS + 1))
 
 
 def test_kill_9_at_a_random_step_then_resume_is_bitwise(reference, tmp_path):

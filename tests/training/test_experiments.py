@@ -21,8 +21,11 @@ PRODUCTION = {
     "bert_base": "wikipedia/20230601.en:1.0.0",
     "bert_large": "wikipedia/20230601.en:1.0.0",
     "albert_xxlarge": "wikipedia/20230601.en:1.0.0",
+    "xlnet_base": "wikipedia/20230601.en:1.0.0",
+    "xlnet_large": "wikipedia/20230601.en:1.0.0",
 }
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny"]
+TINY_OTHERS = ["xlnet_tiny"]
 
 
 def _args(name: str, tmp_path, *extra):
@@ -32,7 +35,9 @@ def _args(name: str, tmp_path, *extra):
 
 
 def test_the_issue_lists_every_experiment():
-    assert set(PRODUCTION) | set(TINY_SEQ2SEQ) | {"default", "smoke"} == set(EXPERIMENTS)
+    assert set(PRODUCTION) | set(TINY_SEQ2SEQ) | set(TINY_OTHERS) | {"default", "smoke"} == set(
+        EXPERIMENTS
+    )
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -59,6 +64,8 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("bart_base", {"inputs": 512, "targets": 512}, 8000, 500_000),
         ("bert_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),
         ("albert_xxlarge", {"input_ids": 512, "masked_ids": 20}, 4096, 125_000),
+        ("xlnet_base", {"input_k": 512, "target": 85}, 256, 1_000_000),
+        ("xlnet_large", {"input_k": 512, "target": 85}, 8192, 500_000),
     ],
 )
 def test_production_settings_are_the_papers(name, lengths, batch, steps, tmp_path, monkeypatch):
@@ -102,6 +109,41 @@ def test_tiny_seq2seq_experiment_learns(name, tmp_path, capsys):
     assert round(final["eval/seq2seq_cross_entropy"], 4) == held_entropy
     print(json.dumps({name: {"cross_entropy": held_entropy, "unigram": unigram,
                              "accuracy": held_accuracy, "majority": majority}}))  # fmt: skip
+
+
+def _learned(out: str, what: str) -> dict[str, float]:
+    accuracy = re.search(rf"held-out {what} accuracy: ([\d.]+) \(always .*: ([\d.]+)\)", out)
+    entropy = re.search(
+        rf"held-out {what} cross-entropy: ([\d.]+) nats \(unigram .*: ([\d.]+)\)", out
+    )
+    assert accuracy and entropy, out
+    (held_accuracy, majority), (held_entropy, unigram) = (
+        map(float, m.groups()) for m in (accuracy, entropy)
+    )
+    return dict(accuracy=held_accuracy, majority=majority, cross_entropy=held_entropy,
+                unigram=unigram)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_xlnet_tiny_learns_with_and_without_memory(tmp_path, capsys):
+    """Held-out PLM cross-entropy below the unigram cross-entropy of the same held-out targets,
+    accuracy above the majority target, with the memory carried and without it (reported)."""
+    figures = {}
+    for memory in (True, False):
+        argv = [
+            "pretrain",
+            "--gin_file=experiments/xlnet_tiny.gin",
+            "--gin.train.progress_bar=False",
+        ]
+        argv += [f"--model_dir={tmp_path / str(memory)}"]
+        argv += [f"--gin.make_recipe.loss_options={{'memory': {memory}}}"]
+        code = cli.main(argv)
+        out = capsys.readouterr().out
+        assert code == 0, out[-3000:]
+        figures[f"memory={memory}"] = got = _learned(out, "PLM")
+        assert got["cross_entropy"] < got["unigram"] and got["accuracy"] > got["majority"], out
+    with capsys.disabled():
+        print(json.dumps({"xlnet_tiny": figures}))
 
 
 def test_baselines_by_hand():

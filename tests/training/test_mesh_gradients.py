@@ -166,7 +166,7 @@ def _seq2seq_gradients(config, params, batch, mesh):
     objective = seq2seq.seq2seq(label_smoothing=0.1)
 
     def grads(p, b):
-        _, _, g = step.loss_and_grads(
+        _, _, g, _ = step.loss_and_grads(
             p, b, jax.random.PRNGKey(0), apply_fn=model.apply, objective=objective
         )
         return g

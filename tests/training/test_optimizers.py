@@ -65,6 +65,20 @@ def test_decay_mask_excludes_norms_and_biases():
     assert mask["token_embedder"]["embedding"] is True
 
 
+def test_decay_mask_excludes_every_name_ending_in_bias():
+    """TF BERT, ALBERT and XLNet exclude every variable whose name holds "bias": the MLM head's
+    output_bias and XLNet's relative-attention biases too, but not the kernels beside them."""
+    params = {
+        "lm_head": {"output_bias": jnp.ones(3), "kernel": jnp.ones((2, 3))},
+        "attention": {"content_bias": jnp.ones(2), "segment_embedding": jnp.ones(2)},
+        "bias_free": {"kernel": jnp.ones(2)},
+    }
+    mask = optimizers.decay_mask(params)
+    assert mask["lm_head"] == {"output_bias": False, "kernel": True}
+    assert mask["attention"] == {"content_bias": False, "segment_embedding": True}
+    assert mask["bias_free"]["kernel"] is True
+
+
 def test_albert_lamb_trust_ratio_and_plain_adam_for_masked():
     """Adapted variables move by exactly lr * ||w|| per step; norms and biases take plain Adam."""
     lr = optimizers.ALBERT_LAMB_LEARNING_RATE

@@ -51,7 +51,7 @@ def test_accumulating_4_microbatches_equals_one_batch():
         )(params, batch, jax.random.PRNGKey(1))
         for n in (1, 4)
     ]
-    (loss1, metrics1, grads1), (loss4, metrics4, grads4) = results
+    (loss1, metrics1, grads1, _), (loss4, metrics4, grads4, _) = results
     np.testing.assert_allclose(loss4, loss1, rtol=1e-6)
     np.testing.assert_allclose(metrics4["mlm_accuracy"], metrics1["mlm_accuracy"], rtol=1e-6)
     # Relative to the whole gradient: some leaves (key biases) have an exactly-zero gradient.
