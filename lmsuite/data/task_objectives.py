@@ -15,6 +15,7 @@ from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import (
     bart,
     ernie,
+    instances,
     lm,
     mass,
     mlm,
@@ -30,6 +31,10 @@ from lmsuite.data.preprocessors import (
 
 ENCODER, SEQ2SEQ, DECODER, PERMUTATION = "encoder", "seq2seq", "decoder", "permutation"
 PAIR_SEED = 0
+# ALBERT's run_pretraining.py / create_pretraining_data.py flag `max_predictions_per_seq`: a
+# constant 20 (its pretraining runs use max_seq_length 512), not scaled with the length.
+ALBERT_MAX_PREDICTIONS = 20
+MASKINGS = ("bert", "electra", "albert", "ernie")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,18 +52,36 @@ class Objective:
     languages: tuple[str, ...] = ("en", "zh")
 
 
-def _spec(vocab, sequence_length) -> mlm.MlmSpec:
-    """Masking spec; `sequence_length["masked_ids"]` (if given) caps the predictions, else
-    ELECTRA's int(0.155 * L) (19 for L=128, 79 for L=512)."""
+def _spec(vocab, sequence_length, *, masking: str = "bert") -> mlm.MlmSpec:
+    """Masking spec; `sequence_length["masked_ids"]` (if given) is the padded width P.
+
+    masking "bert": 80/10/10, P (default ELECTRA's int(0.155 * L): 19 for L=128, 79 for L=512)
+    caps the predictions. "electra": `MlmSpec.electra` (85% [MASK], 15% kept; count capped at
+    int(0.155 * L) even when P is wider). "albert": 80/10/10 capped at ALBERT's 20 whatever L
+    and P (P defaults to 20). "ernie": P defaults to int(0.3 * L): ERNIE's per-unit selection
+    has no budget, so the width only bounds rare overflows (see `ernie.py`).
+    """
+    if masking not in MASKINGS:
+        raise ValueError(f"masking={masking!r}, expected one of {MASKINGS}")
     ids = vocab_lib.special_ids(vocab)
     length = encoder_length(sequence_length)
+    width = sequence_length.get("masked_ids")
+    common = dict(mask_id=ids.mask, vocab_size=vocab.vocab_size, special_ids=ids.all)
+    if masking == "electra":
+        return mlm.MlmSpec.electra(
+            max_seq_length=length,
+            max_predictions=None if width is None else int(width),
+            **common,
+        )
+    defaults = {
+        "bert": mlm.electra_max_predictions(length, mask_prob=0.15),
+        "albert": ALBERT_MAX_PREDICTIONS,
+        "ernie": max(1, int(ernie.DEFAULT_WIDTH_RATE * length)),
+    }
     return mlm.MlmSpec(
-        mask_id=ids.mask,
-        vocab_size=vocab.vocab_size,
-        special_ids=ids.all,
-        max_predictions=int(
-            sequence_length.get("masked_ids", mlm.electra_max_predictions(length, mask_prob=0.15))
-        ),
+        max_predictions=int(width if width is not None else defaults[masking]),
+        prediction_cap=ALBERT_MAX_PREDICTIONS if masking == "albert" else None,
+        **common,
     )
 
 
@@ -80,11 +103,21 @@ def chunking(vocab, sequence_length) -> dict:
 
 
 def chunks(dataset, sequence_length, *, vocab):
+    """lmsuite's fixed-stride `[CLS] chunk [SEP]` rows (no task uses them now; `tasks` still
+    memoizes them when a step list has tokenize_documents then chunks)."""
     return tokenization.encoder_chunks(dataset, **chunking(vocab, sequence_length))
 
 
-def _masked(dataset, sequence_length, *, vocab, masker, **kwargs):
-    spec = _spec(vocab, sequence_length)
+def _instances(dataset, sequence_length, *, vocab, variant):
+    keys = ("sentence_ids", "sentence_word_starts")
+    dataset = dataset.map(lambda ex: {k: ex[k] for k in keys})
+    return instances.encoder_instances(
+        dataset, variant=variant, seed=PAIR_SEED, **chunking(vocab, sequence_length)
+    )
+
+
+def _masked(dataset, sequence_length, *, vocab, masker, masking="bert", **kwargs):
+    spec = _spec(vocab, sequence_length, masking=masking)
     return masker(dataset, spec=spec, **kwargs)
 
 
@@ -108,7 +141,7 @@ def _ernie(dataset, sequence_length, *, vocab, level):
     dataset = tokenization.segmented_passages(dataset, vocab=vocab, max_tokens=length - 2)
     return ernie.ernie_dynamic_mlm(
         dataset,
-        spec=_spec(vocab, sequence_length),
+        spec=_spec(vocab, sequence_length, masking="ernie"),
         level=level,
         cls_id=ids.cls,
         sep_id=ids.sep,
@@ -189,11 +222,13 @@ def _sents(vocab):
     return [functools.partial(tokenization.tokenize_sentences, vocab=vocab)]
 
 
-def _mlm_steps(masker, **kwargs):
+def _mlm_steps(masker, *, variant, **kwargs):
+    """Sentences -> `instances.encoder_instances(variant=...)` rows -> `masker`."""
+
     def steps(vocab):
         return [
-            *_docs(vocab),
-            functools.partial(chunks, vocab=vocab),
+            *_sents(vocab),
+            functools.partial(_instances, vocab=vocab, variant=variant),
             functools.partial(_masked, vocab=vocab, masker=masker, **kwargs),
         ]
 
@@ -214,11 +249,19 @@ def _pair_steps(objective, masker, **kwargs):
 OBJECTIVES: dict[str, Objective] = {
     o.name: o
     for o in [
-        Objective("bert_mlm", ENCODER, _mlm_steps(mlm.bert_dynamic_mlm)),
+        # BERT's sentence-aligned [CLS] A [SEP] B [SEP] instances, B the actual continuation.
+        Objective("bert_mlm", ENCODER, _mlm_steps(mlm.bert_dynamic_mlm, variant="bert")),
         Objective("bert_mlm_nsp", ENCODER, _pair_steps("nsp", mlm.bert_dynamic_mlm)),
-        Objective("wwm", ENCODER, _mlm_steps(whole_word.whole_word_dynamic_mlm)),
-        Objective("albert_sop", ENCODER, _pair_steps("sop", ngram.ngram_dynamic_mlm)),
-        Objective("spanbert", ENCODER, _mlm_steps(spanbert.spanbert_dynamic_mlm)),
+        Objective("wwm", ENCODER, _mlm_steps(whole_word.whole_word_dynamic_mlm, variant="bert")),
+        Objective(
+            "albert_sop", ENCODER, _pair_steps("sop", ngram.ngram_dynamic_mlm, masking="albert")
+        ),
+        # SpanBERT: single segments of whole sentences (its BlockDataset, break_mode "doc").
+        Objective(
+            "spanbert",
+            ENCODER,
+            _mlm_steps(spanbert.spanbert_dynamic_mlm, variant="full_sentences"),
+        ),
         Objective(
             "structbert",
             ENCODER,
@@ -228,8 +271,12 @@ OBJECTIVES: dict[str, Objective] = {
                 functools.partial(_structbert_mlm, vocab=vocab),
             ],
         ),
-        # ELECTRA's generator trains on BERT-style MLM data with ELECTRA's prediction cap.
-        Objective("electra", ENCODER, _mlm_steps(mlm.bert_dynamic_mlm)),
+        # ELECTRA's generator data: its ExampleBuilder rows and its mask() (85/15/0, its count).
+        Objective(
+            "electra",
+            ENCODER,
+            _mlm_steps(mlm.bert_dynamic_mlm, variant="electra", masking="electra"),
+        ),
         Objective(
             "ernie",
             ENCODER,

@@ -63,7 +63,8 @@ class Recipe:
       loss_features: model features the loss reads (the converter must emit them).
       architectures, heads: what the model needs (`ModelConfig.architecture` / `.heads`).
       token_types: "none" (the loss feeds no token types), "optional" (fed only to models with
-        type_vocab_size > 0; single-segment rows) or "pairs" (two segments: type_vocab_size >= 2).
+        type_vocab_size >= 2; RoBERTa's one type and DeBERTa's none read the rows without them)
+        or "pairs" (two segments: type_vocab_size >= 2).
       metrics: what each step reports besides loss, grad_norm, ... (the matrix test checks them).
       prediction_features: (targets, weights) of the batch: what the baselines count.
       learning_metrics: (accuracy, cross-entropy) metric names compared with the baselines.
@@ -232,13 +233,16 @@ def _mlm_row(name, summary, *, objectives, label=None, model="bert_tiny", **kwar
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
+        # BERT's instances are [CLS] A [SEP] B [SEP] with types 0/1; models with one type
+        # (RoBERTa) or none (DeBERTa) read them without types (`build`).
         _mlm_row(
             "bert_mlm",
             "masked LM on gathered predictions (BERT/RoBERTa; whole-word and ERNIE masking)",
             objectives=("bert_mlm", "wwm", "ernie"),
-            reference="google-research/bert run_pretraining.py (get_masked_lm_output)",
-            differences="dynamic masking (RoBERTa) by default; documents cut into fixed-stride "
-            "[CLS] chunk [SEP] rows, not sentence-aligned pairs",
+            reference="google-research/bert create_pretraining_data.py "
+            "(create_instances_from_document) and run_pretraining.py (get_masked_lm_output)",
+            differences="dynamic masking (RoBERTa) by default; B is always the actual "
+            "continuation (no NSP), a one-sentence chunk becomes [CLS] A [SEP]",
         ),
         _mlm_row(
             "bert_mlm_nsp",
@@ -402,15 +406,10 @@ DATA_ONLY: dict[str, DataOnly] = {
         ),
         DataOnly(
             "unilm",
-            "no model code applies the per-mode attention masks yet (the encoder-objectives issue)",
+            "no model code applies the per-mode attention masks yet, nor reads its six token "
+            "types (0/1, 2, 3, 4/5 per mode: type_vocab_size 6) (the encoder-objectives issue)",
             _encoder_mlm(labels=("unilm_mode", "source_length")),
             _mlm_lengths,
-        ),
-        DataOnly(
-            "xlnet_plm",
-            "needs the two-stream XLNet architecture (the XLNet issue)",
-            fc.PermutationLmFeatureConverter,
-            lambda n: {"input_k": n, "target": round((n - 3) / 6)},
         ),
     ]
 }
@@ -487,8 +486,8 @@ def build(choice: RecipeChoice, *, model_config: ModelConfig) -> Built:
     has a type table)."""
     recipe = choice.recipe
     options = dict(choice.loss_options)
-    if recipe.token_types == "optional" and model_config.type_vocab_size == 0:
-        options["token_type_ids"] = None  # single-segment rows: all types are 0 anyway
+    if recipe.token_types == "optional" and model_config.type_vocab_size < 2:
+        options["token_type_ids"] = None  # the model has no second segment type to read
     return Built(
         recipe=recipe,
         feature_converter=recipe.converter(pack=choice.pack),

@@ -56,42 +56,93 @@ def expected_units(words, tags, phrase, level):
     return units
 
 
-@pytest.mark.parametrize("level", ["word", "phrase", "entity"])
-def test_units_are_masked_whole_within_budget(level):
-    rows = sentences(80, seed={"word": 0, "phrase": 1, "entity": 2}[level])
+def masked(rows, *, level, spec, seed=5):
     ds = (
         dataset(rows)
         .enumerate()
         .map(
             lambda i, f: ernie.mask_ernie(
                 f,
-                seed=tf.stack([tf.constant(5, tf.int64), i]),
-                spec=SPEC,
+                seed=tf.stack([tf.constant(seed, tf.int64), i]),
+                spec=spec,
                 level=level,
                 cls_id=CLS,
                 sep_id=SEP,
                 max_seq_length=512,
-            )
+            ),
+            num_parallel_calls=2,
         )
     )
+    return list(ds.as_numpy_iterator())
+
+
+WIDE = mlm.MlmSpec(mask_id=MASK, vocab_size=5000, special_ids=SPECIALS, max_predictions=512)
+
+
+@pytest.mark.parametrize("level", ["word", "phrase", "entity"])
+def test_units_are_masked_whole(level):
+    rows = sentences(80, seed={"word": 0, "phrase": 1, "entity": 2}[level])
     multi_token_units_masked = 0
-    for (words, tags, phrase), out in zip(rows, ds.as_numpy_iterator(), strict=True):
+    for (words, tags, phrase), out in zip(rows, masked(rows, level=level, spec=WIDE), strict=True):
         flat = [t for w in words for t in w]
         k = int(out["masked_weights"].sum())
-        n = len(flat)
-        assert k <= min(30, max(1, round(0.15 * n)))
         chosen = set(out["masked_positions"][:k].tolist())
         chosen_tokens = np.array(flat)[np.array(sorted(chosen), int) - 1]
         np.testing.assert_array_equal(out["masked_ids"][:k], chosen_tokens)
-        remaining = min(30, max(1, round(0.15 * n))) - k
         for unit in expected_units(words, tags, phrase, level):
             inside = [p in chosen for p in unit]
             assert all(inside) or not any(inside), (level, unit)
-            if not any(inside):
-                assert len(unit) > remaining  # BERT's fit-or-skip rule
             multi_token_units_masked += all(inside) and len(unit) > 3
     if level != "word":
         assert multi_token_units_masked > 0  # multi-word units really get masked together
+
+
+def test_units_are_selected_independently_with_probability_0_15():
+    # Reference: PaddlePaddle ERNIE 1.0 batching.py mask(): one uniform draw per unit (at its
+    # first token) <= 0.15 selects the unit, whatever its length and however many others are
+    # selected; then each token of a selected unit is [MASK] / random / kept with 0.8 / 0.1 /
+    # 0.1 from its own draw. So: selected units ~ Binomial(units, 0.15), for the long units
+    # (> 3 tokens) alone too, and the per-token replacement counts are multinomial.
+    rows = sentences(3500, seed=11)
+    outs = masked(rows, level="entity", spec=WIDE)
+    units = selected = long_units = long_selected = predictions = masks = kept = 0
+    for (words, tags, phrase), out in zip(rows, outs, strict=True):
+        k = int(out["masked_weights"].sum())
+        chosen = set(out["masked_positions"][:k].tolist())
+        for unit in expected_units(words, tags, phrase, "entity"):
+            hit = unit[0] in chosen
+            units, selected = units + 1, selected + hit
+            if len(unit) > 3:
+                long_units, long_selected = long_units + 1, long_selected + hit
+        new = out["input_ids"][out["masked_positions"][:k]]
+        predictions += k
+        masks += int((new == MASK).sum())
+        kept += int((new == out["masked_ids"][:k]).sum())
+    assert predictions >= 20_000 and long_units >= 2_000
+    for hits, n in ((selected, units), (long_selected, long_units)):
+        sigma = np.sqrt(0.15 * 0.85 / n)
+        assert abs(hits / n - 0.15) < 5 * sigma, (hits, n)
+    for count, p in ((masks, 0.8), (kept, 0.1)):
+        sigma = np.sqrt(p * (1 - p) / predictions)
+        assert abs(count / predictions - p) < 5 * sigma, (count, predictions, p)
+
+
+def test_overflowing_selection_keeps_whole_units_within_the_width():
+    # A width far below 0.15 * n: the selected units that do not fit are dropped whole.
+    spec = mlm.MlmSpec(mask_id=MASK, vocab_size=5000, special_ids=SPECIALS, max_predictions=4)
+    rows = sentences(200, seed=3)
+    full = 0
+    for (words, tags, phrase), out in zip(
+        rows, masked(rows, level="phrase", spec=spec), strict=True
+    ):
+        k = int(out["masked_weights"].sum())
+        assert k <= 4
+        chosen = set(out["masked_positions"][:k].tolist())
+        for unit in expected_units(words, tags, phrase, "phrase"):
+            inside = [p in chosen for p in unit]
+            assert all(inside) or not any(inside)
+        full += k == 4
+    assert full > 0
 
 
 def test_ernie_inputs_example():

@@ -219,25 +219,54 @@ def test_no_mask_feature_protects_tokens():
     assert mlm.NO_MASK_KEY not in out
 
 
-def test_electra_budget_and_replacements():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_electra_count_and_replacements_match_electra_mask(grouped):
+    # Reference: google-research/electra pretrain/pretrain_helpers.py mask(): the count per row
+    # is max(1, min(N, round(0.15 * sum(input_mask)))), sum(input_mask) counting [CLS]/[SEP],
+    # N = int(0.155 * L); a predicted position becomes [MASK] when uniform < 0.85, else it keeps
+    # its token (never a random id). So [MASK] ~ Binomial(total, 0.85), random exactly 0.
     assert mlm.electra_max_predictions(128) == 19
     assert mlm.electra_max_predictions(512) == 79
     spec = mlm.MlmSpec.electra(
         max_seq_length=128, mask_id=MASK, vocab_size=VOCAB, special_ids=SPECIALS
     )
     assert (spec.max_predictions, spec.mask_fraction, spec.random_fraction) == (19, 0.85, 0.0)
-    rows = _documents(300, seed=8, min_len=100, max_len=126)
-    masked = total = 0
-    for row, out in zip(rows, _run(rows, spec), strict=True):
-        n = int(np.sum(~np.isin(row, SPECIALS)))
+    # Rows of 3..129 tokens: the count is round(0.15 * len) below 127 tokens, capped at 19 above.
+    rows = _documents(2000, seed=8, min_len=1, max_len=126)
+    masked = kept = total = 0
+    for row, out in zip(rows, _run(rows, spec, grouped=grouped), strict=True):
         k = int(out["masked_weights"].sum())
-        assert k == min(19, round(0.15 * n))
-        new = out["input_ids"][out["masked_positions"][:k]]
-        assert np.isin(new, [MASK, *row]).all()
-        assert ((new == MASK) | (new == row[out["masked_positions"][:k]])).all()
-        masked += (new == MASK).sum()
+        assert k == max(1, min(19, round(0.15 * len(row))))
+        positions = out["masked_positions"][:k]
+        assert len(set(positions.tolist())) == k and not np.isin(row[positions], SPECIALS).any()
+        new = out["input_ids"][positions]
+        masked += int((new == MASK).sum())
+        kept += int((new == row[positions]).sum())
         total += k
-    assert abs(masked / total - 0.85) < 5 * np.sqrt(0.85 * 0.15 / total)
+        unchanged = np.ones(len(row), bool)
+        unchanged[positions] = False
+        np.testing.assert_array_equal(out["input_ids"][unchanged], row[unchanged])
+    assert total >= 20_000
+    assert masked + kept == total  # no random replacement at all
+    sigma = np.sqrt(0.85 * 0.15 / total)
+    assert abs(masked / total - 0.85) < 5 * sigma, (masked / total, sigma)
+
+
+def test_electra_width_can_exceed_its_count():
+    spec = mlm.MlmSpec.electra(
+        max_seq_length=128, max_predictions=30, mask_id=MASK, vocab_size=VOCAB,
+        special_ids=SPECIALS,
+    )  # fmt: skip
+    rows = _documents(50, seed=3, min_len=126, max_len=126)
+    for out in _run(rows, spec):
+        assert out["masked_weights"].shape == (30,) and out["masked_weights"].sum() == 19
+
+
+def test_prediction_cap_bounds_the_budget_below_the_width():
+    spec = _spec(max_predictions=79, prediction_cap=20)
+    rows = _documents(40, seed=5, min_len=400, max_len=510)
+    for out in _run(rows, spec):
+        assert out["masked_weights"].shape == (79,) and out["masked_weights"].sum() == 20
 
 
 @pytest.mark.parametrize(
@@ -248,6 +277,7 @@ def test_electra_budget_and_replacements():
         (dict(max_predictions=0), "max_predictions"),
         (dict(mask_fraction=0.95, random_fraction=0.1), "exceeds 1"),
         (dict(mask_rate=0.0), "mask_rate"),
+        (dict(prediction_cap=0), "prediction_cap"),
     ],
 )
 def test_spec_rejects_bad_values(kw, message):

@@ -227,7 +227,7 @@ def test_deterministic_per_seed():
 
 @pytest.mark.parametrize(
     "kw, message",
-    [(dict(objective="mlm"), "objective"), (dict(max_seq_length=4), "max_seq_length")],
+    [(dict(objective="rtd"), "objective"), (dict(max_seq_length=4), "max_seq_length")],
 )
 def test_bad_arguments_fail_loudly(kw, message):
     args = {**dict(objective="nsp", seed=0, max_seq_length=32, cls_id=CLS, sep_id=SEP), **kw}

@@ -1,5 +1,6 @@
 """Task registry: lazy registration, sentinel checks, every objective yields examples."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -310,16 +311,20 @@ def test_memoized_chunks_are_encoder_chunks(corpus, max_seq_length, min_tokens):
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_encoder_tasks_chunk_through_the_memo():
-    # The equality tests above only matter if build_task really swaps the memo in.
-    steps = tasks.build_task("wiki_sample", "bert_mlm", register=False).preprocessors
-    assert [getattr(s, "func", s).__name__ for s in steps] == ["_memoized_chunks", "_masked"]
-    steps = tasks.build_task("wiki_sample", "bert_mlm", register=False, memoize_tokens=False)
-    assert [s.func.__name__ for s in steps.preprocessors] == [
-        "tokenize_documents",
-        "chunks",
-        "_masked",
+def test_fixed_stride_steps_chunk_through_the_memo():
+    # The equality tests above only matter if build_task really swaps the memo in. No
+    # registered encoder task chunks at a fixed stride any more (they cut sentence-aligned
+    # rows, `preprocessors/instances.py`), but the memo still fuses such a step list.
+    vocab = tasks.default_vocabulary("wiki_sample")
+    corpus = corpora.get_corpus("wiki_sample")
+    steps = [
+        functools.partial(tokenization.tokenize_documents, vocab=vocab),
+        functools.partial(tasks.chunks, vocab=vocab),
     ]
+    memoized = tasks._memoized(steps, corpus)
+    assert [s.func.__name__ for s in memoized] == ["_memoized_chunks"]
+    steps = tasks.build_task("wiki_sample", "bert_mlm", register=False).preprocessors
+    assert [s.func.__name__ for s in steps] == ["tokenize_sentences", "_instances", "_masked"]
 
 
 @pytest.mark.parametrize(

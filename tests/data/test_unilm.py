@@ -59,10 +59,17 @@ def test_modes_layout_and_masking():
             split = x["source_length"] - 2
             assert ids[split + 1] == SEP and 1 <= split < n
             original = np.concatenate([[CLS], chunk[:split], [SEP], chunk[split:], [SEP]])
-            assert x["token_type_ids"].tolist() == [0] * (split + 2) + [1] * (n - split + 1)
+            # unilm-v1 seq2seq_loader.py (new_segment_ids): bidirectional 0/1, seq2seq 4/5.
+            first, second = (0, 1) if mode == unilm.BIDIRECTIONAL else (4, 5)
+            want = [first] * (split + 2) + [second] * (n - split + 1)
+            assert x["token_type_ids"].tolist() == want
         else:
-            assert x["source_length"] == 0 and not x["token_type_ids"].any()
+            # Left-to-right 2 throughout, right-to-left 3 (modeling.py's type-embedding init).
+            kind = 2 if mode == unilm.LEFT_TO_RIGHT else 3
+            assert x["source_length"] == 0 and (x["token_type_ids"] == kind).all()
             original = np.concatenate([[CLS], chunk, [SEP]])
+        # The types alone name the mode.
+        assert {0: 0, 2: 1, 3: 2, 4: 3}[int(x["token_type_ids"][0])] == mode
         assert x["masked_weights"].tolist() == [1.0, 1.0, 1.0]
         positions = x["masked_positions"]
         assert len(set(positions.tolist())) == 3

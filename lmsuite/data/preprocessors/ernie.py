@@ -2,9 +2,17 @@
 
 ERNIE (Sun et al. 2019) masks whole knowledge units instead of single characters: at the
 phrase level a multi-word phrase, at the entity level a whole named entity (person `nr`,
-place `ns`, organisation `nt`). Like ERNIE's `seg_labels`, we mark where each unit starts and
-let the whole-word masker (`whole_word.choose_units`: random order, take a unit if it fits the
-15% budget) pick units, so an entity is masked entirely or not at all.
+place `ns`, organisation `nt`). Like ERNIE's `seg_labels`, we mark where each unit starts.
+
+Selection follows PaddlePaddle ERNIE 1.0's `batching.py` mask(), restated: every unit is
+selected independently with probability 0.15 (the reference compares one uniform draw per unit,
+at its first token, with 0.15), and every token of a selected unit is predicted, so an entity is
+masked entirely or not at all and a long unit is as likely to be chosen as a short one. There
+is no budget: the number of predictions per row is random (0 is possible). Each predicted token
+then gets its own 80/10/10 draw ([MASK] / random id / kept), as the reference draws one per
+token. Padded features need a width: if the selected units overflow `spec.max_predictions`, a
+uniformly ordered subset of them that fits is kept (the task's default width, int(0.3 * L), is
+several standard deviations above the mean count of 0.15 * L, so this is rare).
 
 Input, one example per sentence or passage (H1's peoples_daily tokenization):
   `word_ids`: ragged int [W, None], token ids of each segmented word (Chinese characters);
@@ -25,6 +33,9 @@ import tensorflow as tf
 from lmsuite.data.preprocessors import mlm, whole_word
 
 LEVELS = ("word", "phrase", "entity")
+UNIT_RATE = 0.15
+# Default padded width per token of the row (the task's `masked_ids` overrides it).
+DEFAULT_WIDTH_RATE = 0.3
 ENTITY_TAGS = ("nr", "ns", "nt")
 UNIT_STARTS_KEY = "unit_starts"
 
@@ -94,6 +105,38 @@ def ernie_inputs(
     return out
 
 
+def choose_units_independently(
+    maskable: tf.Tensor,
+    unit_starts: tf.Tensor,
+    *,
+    seed: tf.Tensor,
+    rate: float = UNIT_RATE,
+    limit: int | tf.Tensor,
+) -> tf.Tensor:
+    """Bool [L]: each unit selected with probability `rate`, independently, taken whole.
+
+    If the selected units hold more than `limit` tokens, they are visited in a random order
+    and each is kept while it fits (`whole_word.greedy_fit`).
+
+    Example: maskable [F, T, T, T, F], unit_starts [1, 1, 0, 1, 1] (units "1 2" and "3"),
+    draws 0.05 and 0.6 (rate 0.15) -> [F, T, T, F, F].
+    """
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"rate={rate}, expected in (0, 1]")
+    select_seed, order_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    index, num_units = whole_word.unit_index(maskable, unit_starts)
+    lengths = whole_word.unit_lengths(index, num_units)
+    chosen = tf.random.stateless_uniform([num_units], select_seed) < rate
+    order = tf.argsort(tf.random.stateless_uniform([num_units], order_seed), stable=True)
+    too_long = tf.int32.max  # never fits: unselected units are never taken
+    in_order = tf.where(tf.gather(chosen, order), tf.gather(lengths, order), too_long)
+    taken_in_order = whole_word.greedy_fit(in_order, tf.cast(limit, tf.int32))
+    taken = tf.scatter_nd(order[:, None], taken_in_order, [num_units])
+    return maskable & tf.gather(
+        tf.concat([taken, [False]], 0), tf.where(index >= 0, index, num_units)
+    )
+
+
 def mask_ernie(
     features: mlm.Features,
     *,
@@ -109,9 +152,9 @@ def mask_ernie(
 
     Output: `input_ids`, `word_starts`, `unit_starts` [<= max_seq_length] and the MLM features.
 
-    Example (level "entity", budget 2): word_ids [[10, 11], [12], [13, 14]], tags
-    ["nr", "nr", "v"] -> units "10 11 12" (3 tokens, too long for the budget) and "13 14":
-    input_ids [2, 10, 11, 12, 4, 4, 3] (before the 10% random / 10% kept draws),
+    Example (level "entity"): word_ids [[10, 11], [12], [13, 14]], tags ["nr", "nr", "v"]
+    -> units "10 11 12" and "13 14", each selected with probability 0.15; say only "13 14":
+    input_ids [2, 10, 11, 12, 4, 4, 3] (before each token's 10% random / 10% kept draws),
     masked_positions [4, 5, 0...], masked_ids [13, 14, 0...].
     """
     inputs = ernie_inputs(
@@ -122,9 +165,12 @@ def mask_ernie(
         max_seq_length=max_seq_length,
         entity_tags=entity_tags,
     )
-    return whole_word.mask_whole_words(
-        inputs, seed=seed, spec=spec, unit_starts_key=UNIT_STARTS_KEY
+    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    maskable = mlm.maskable_tokens(inputs, spec=spec)
+    selected = choose_units_independently(
+        maskable, inputs[UNIT_STARTS_KEY], seed=choose_seed, limit=spec.budget_limit
     )
+    return mlm.finish_masking(inputs, selected, seed=replace_seed, spec=spec)
 
 
 def ernie_dynamic_mlm(dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, **kwargs) -> tf.data.Dataset:

@@ -10,7 +10,9 @@ Every masker in this package shares three steps, defined here:
 3. emit `masked_positions`, `masked_ids`, `masked_weights`, padded to `max_predictions`.
 
 Rounding is round-half-to-even, as Python 3's `round` in BERT's create_pretraining_data.py.
-Unlike BERT (which counts [CLS]/[SEP] in n) the budget counts maskable tokens only, as ELECTRA.
+By default n counts the maskable tokens only; BERT, ALBERT and ELECTRA count the whole row,
+[CLS]/[SEP] included (`MlmSpec.budget_counts_specials`, on in `MlmSpec.electra`). A spec's
+`prediction_cap` caps the budget below the padded width (ALBERT's constant 20).
 
 A per-example masker is `fn(features, *, seed, spec, ...) -> features`; `dynamic_masking` maps it
 with SeqIO's per-example seeds (use it after SeqIO's cache/repeat: a fresh mask each time an
@@ -56,6 +58,10 @@ class MlmSpec:
       mask_rate: fraction of maskable tokens to predict (0.15).
       mask_fraction: fraction of predicted positions replaced by [MASK] (0.8).
       random_fraction: fraction replaced by a random id (0.1); the rest are kept.
+      prediction_cap: if set, a cap on the budget below `max_predictions` (the padded width
+        stays `max_predictions`): ALBERT's `max_predictions_per_seq` = 20 whatever the width.
+      budget_counts_specials: count [CLS]/[SEP] (every token of the row) in the budget's n,
+        as ELECTRA's `mask()` does (`num_tokens = sum(input_mask)`).
     """
 
     mask_id: int
@@ -65,6 +71,8 @@ class MlmSpec:
     mask_rate: float = 0.15
     mask_fraction: float = 0.8
     random_fraction: float = 0.1
+    prediction_cap: int | None = None
+    budget_counts_specials: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "special_ids", tuple(int(i) for i in self.special_ids))
@@ -77,6 +85,8 @@ class MlmSpec:
             raise ValueError(f"special_ids {bad} outside [0, vocab_size={self.vocab_size})")
         if self.max_predictions < 1:
             raise ValueError(f"max_predictions={self.max_predictions}, expected >= 1")
+        if self.prediction_cap is not None and self.prediction_cap < 1:
+            raise ValueError(f"prediction_cap={self.prediction_cap}, expected None or >= 1")
         if not 0.0 < self.mask_rate <= 1.0:
             raise ValueError(f"mask_rate={self.mask_rate}, expected in (0, 1]")
         if not (0 <= self.mask_fraction and 0 <= self.random_fraction):
@@ -95,17 +105,38 @@ class MlmSpec:
         excluded = np.asarray(sorted({*self.special_ids, self.mask_id}), np.int64)
         return np.setdiff1d(np.arange(self.vocab_size, dtype=np.int64), excluded).astype(np.int32)
 
-    @classmethod
-    def electra(cls, *, max_seq_length: int, mask_prob: float = 0.15, **ids) -> MlmSpec:
-        """ELECTRA's generator masking: 85% [MASK], 15% kept, no random ids.
+    @property
+    def budget_limit(self) -> int:
+        """The most predictions a row may get: `max_predictions`, or `prediction_cap` below it."""
+        if self.prediction_cap is None:
+            return self.max_predictions
+        return min(self.max_predictions, self.prediction_cap)
 
-        `max_predictions = int((mask_prob + 0.005) * max_seq_length)`, e.g. 79 for L=512.
+    @classmethod
+    def electra(
+        cls,
+        *,
+        max_seq_length: int,
+        mask_prob: float = 0.15,
+        max_predictions: int | None = None,
+        **ids,
+    ) -> MlmSpec:
+        """ELECTRA's generator masking (google-research/electra pretrain_helpers.mask()).
+
+        85% of the predicted positions become [MASK] and 15% keep their token; none gets a
+        random id (the discriminator's replaced tokens come from the generator instead).
+        The count per row is `max(1, min(N, round(mask_prob * len(row))))`, len(row) counting
+        [CLS]/[SEP], with N = `int((mask_prob + 0.005) * max_seq_length)` (19 at L=128, 79 at
+        L=512). `max_predictions` sets a wider padded width; the count stays capped at N.
         """
+        cap = electra_max_predictions(max_seq_length, mask_prob=mask_prob)
         return cls(
-            max_predictions=electra_max_predictions(max_seq_length, mask_prob=mask_prob),
+            max_predictions=cap if max_predictions is None else max_predictions,
             mask_rate=mask_prob,
             mask_fraction=0.85,
             random_fraction=0.0,
+            prediction_cap=cap,
+            budget_counts_specials=True,
             **ids,
         )
 
@@ -120,15 +151,22 @@ def electra_max_predictions(max_seq_length: int, *, mask_prob: float = 0.15) -> 
     return int((mask_prob + 0.005) * max_seq_length)
 
 
-def prediction_budget(num_maskable: tf.Tensor, *, spec: MlmSpec) -> tf.Tensor:
-    """`min(max_predictions, max(1, round(mask_rate * n)), n)` as int32 (0 when n == 0).
+def prediction_budget(
+    num_maskable: tf.Tensor, *, spec: MlmSpec, num_tokens: tf.Tensor | None = None
+) -> tf.Tensor:
+    """`min(spec.budget_limit, max(1, round(mask_rate * n)), num_maskable)` as int32 (0 when
+    nothing is maskable); n is `num_tokens` (the whole row) when the spec's
+    `budget_counts_specials` is set and `num_tokens` is given, else `num_maskable`.
 
     Example: n=10, rate 0.15 -> round(1.5) = 2 (half to even); n=30 -> round(4.5) = 4.
     """
-    n = tf.cast(num_maskable, tf.int32)
+    maskable = tf.cast(num_maskable, tf.int32)
+    n = maskable
+    if spec.budget_counts_specials and num_tokens is not None:
+        n = tf.cast(num_tokens, tf.int32)
     wanted = tf.cast(tf.round(spec.mask_rate * tf.cast(n, tf.float64)), tf.int32)
-    budget = tf.minimum(spec.max_predictions, tf.maximum(1, wanted))
-    return tf.minimum(budget, n)
+    budget = tf.minimum(spec.budget_limit, tf.maximum(1, wanted))
+    return tf.minimum(budget, maskable)
 
 
 def maskable_tokens(
@@ -273,7 +311,13 @@ def mask_tokens(
     """
     choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     maskable = maskable_tokens(features, spec=spec, lengths=lengths)
-    budget = prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32), axis=-1), spec=spec)
+    if lengths is None:
+        num_tokens = tf.fill(tf.shape(maskable)[:-1], tf.shape(maskable)[-1])
+    else:
+        num_tokens = lengths
+    budget = prediction_budget(
+        tf.reduce_sum(tf.cast(maskable, tf.int32), axis=-1), spec=spec, num_tokens=num_tokens
+    )
     selected = choose_random_tokens(maskable, budget, seed=choose_seed)
     return finish_masking(features, selected, seed=replace_seed, spec=spec)
 

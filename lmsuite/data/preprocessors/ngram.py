@@ -8,7 +8,8 @@ For max_ngram 3, p(n) = 6/11, 3/11, 2/11 before budget cuts. ALBERT's rule
   (skip w if even one word overflows); skip w if any word of the n-gram is already covered;
   otherwise cover the n words. Stop once the budget is reached.
 
-Each covered token gets its own 80/10/10 draw, as in ALBERT.
+Each covered token gets its own 80/10/10 draw, as in ALBERT. The `albert_sop` task caps the
+budget at ALBERT's `max_predictions_per_seq` = 20 (`MlmSpec.prediction_cap`), whatever L.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Sentence-pair instances: BERT NSP, ALBERT SOP and StructBERT's 3-way sentence relation.
+"""Sentence-pair instances: BERT NSP, ALBERT SOP, StructBERT's 3-way sentence relation, and
+BERT's instances for MLM-only objectives.
 
 Input: one example per document with `sentence_ids`, ragged int [S, None] (token ids of each
 sentence, no specials) and optionally `sentence_word_starts`, ragged [S, None]. Empty sentences
@@ -19,6 +20,9 @@ when the chunk has k = 1 sentence): segment A = sentences [0, a_end), B = the re
   a random document; we keep SOP pure).
 * "structbert": 1/3 B follows A (label 0), 1/3 B precedes A (swapped, label 1), 1/3 B from
   another document (label 2, always when k = 1); `sentence_relation_label`.
+* "mlm" (BERT's instances for objectives without a sentence task): B is always the rest of
+  the chunk, no label. A chunk of one sentence has no B: it becomes `[CLS] A [SEP]` (types 0),
+  A truncated to `max_seq_length - 3` as truncate_seq_pair would with an empty B.
 
 The pair is truncated as BERT's truncate_seq_pair: remove one token at a time from the longer
 segment (the second on ties), at its front or back with probability 1/2 each, until
@@ -49,7 +53,9 @@ LABEL_KEYS = {
     "nsp": "next_sentence_label",
     "sop": "sentence_order_label",
     "structbert": "sentence_relation_label",
+    "mlm": None,
 }
+_NO_OTHER_DOCUMENT = ("sop", "mlm")
 _OTHER = "other_"
 
 
@@ -112,7 +118,7 @@ def _document_instances(
         _sentences(features, IDS_KEY),
         _sentences(features, WORD_STARTS_KEY) if has_starts else None,
     )
-    if objective == "sop":
+    if objective in _NO_OTHER_DOCUMENT:
         other, other_starts = own[:0], None if own_starts is None else own_starts[:0]
     else:
         other, other_starts = _drop_empty(
@@ -146,6 +152,8 @@ def _document_instances(
         elif objective == "sop":
             random_next, swap = tf.constant(False), draws[1] < 0.5
             label = tf.cast(swap, tf.int32)
+        elif objective == "mlm":
+            random_next, swap, label = tf.constant(False), tf.constant(False), tf.constant(0)
         else:
             random_next = (k == 1) | (draws[1] >= 2.0 / 3.0)
             swap = ~random_next & (draws[1] >= 1.0 / 3.0)
@@ -183,7 +191,7 @@ def _document_instances(
         second = (second[0] + fronts[1], second[0] + fronts[1] + fin2)
         invalid = (objective == "sop") & (k == 1)
         invalid |= random_next & (num_other == 0)
-        invalid |= (fin1 < 1) | (fin2 < 1)
+        invalid |= (fin1 < 1) | ((fin2 < 1) & ((objective != "mlm") | (k >= 2)))
         next_start = tf.where(random_next & ~invalid, start + a_end, end + 1)
         row = tf.stack([first[0], first[1], second[0], second[1], label])
         arrays = tf.cond(invalid, lambda: arrays, lambda: arrays.write(arrays.size(), row))
@@ -203,6 +211,8 @@ def _document_instances(
     first = tf.ragged.range(rows[:, 0], rows[:, 1])
     second = tf.ragged.range(rows[:, 2], rows[:, 3])
     column = tf.ones_like(rows[:, :1])
+    # The closing [SEP] of B; "mlm" rows without a B end at A's [SEP].
+    tail = tf.ones_like(tf.ragged.range(tf.cast(rows[:, 3] > rows[:, 2], tf.int32)))
 
     def join(left, a, middle, b, right):
         return tf.concat([left, a, middle, b, right], axis=1)
@@ -213,19 +223,20 @@ def _document_instances(
             tf.gather(tokens, first),
             column * sep_id,
             tf.gather(tokens, second),
-            column * sep_id,
+            tail * sep_id,
         ),
         "token_type_ids": join(
-            column * 0, tf.zeros_like(first), column * 0, tf.ones_like(second), column
+            column * 0, tf.zeros_like(first), column * 0, tf.ones_like(second), tail
         ),
-        LABEL_KEYS[objective]: rows[:, 4],
         "num_skipped": skipped + tf.cast(num_own == 0, tf.int32),
     }
+    if LABEL_KEYS[objective] is not None:
+        out[LABEL_KEYS[objective]] = rows[:, 4]
     if has_starts:
         starts = tf.concat([own_starts.flat_values, other_starts.flat_values], 0)
         starts = tf.cast(starts, tf.int32)
         out["word_starts"] = join(
-            column, tf.gather(starts, first), column, tf.gather(starts, second), column
+            column, tf.gather(starts, first), column, tf.gather(starts, second), tail
         )
     return out
 
@@ -276,7 +287,7 @@ def instances_per_document(
         raise ValueError(f"short_seq_prob={short_seq_prob}, expected in [0, 1]")
     if IDS_KEY not in dataset.element_spec:
         raise ValueError(f"missing feature {IDS_KEY!r}; got {sorted(dataset.element_spec)}")
-    if objective == "sop":
+    if objective in _NO_OTHER_DOCUMENT:
         dataset = dataset.enumerate().map(
             lambda i, f: {**f, "_doc_index": i, "_other_is_self": tf.constant(True)}
         )
@@ -311,7 +322,8 @@ def sentence_pairs(
     short_seq_prob: float = 0.1,
     buffer_size: int = 1000,
 ) -> tf.data.Dataset:
-    """Documents -> sentence-pair instances for "nsp", "sop" or "structbert" (see module doc).
+    """Documents -> sentence-pair instances for "nsp", "sop", "structbert" or "mlm" (see
+    module doc).
 
     Example ("sop", cls 2, sep 3, max_seq_length 16, short_seq_prob 0): a document with
     sentence_ids [[10, 11], [12, 13, 14], [15]] (6 tokens, under the target 13) forms one

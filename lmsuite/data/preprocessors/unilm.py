@@ -6,8 +6,12 @@ left-to-right and right-to-left with rate 1/6"). The model builds the attention 
 `unilm_mode` and `source_length` features; `unilm_attention_mask` builds it here too (tf only).
 
 Layout: bidirectional and seq2seq examples are a segment pair `[CLS] A [SEP] B [SEP]` (the chunk
-split at a uniformly random point, token types 0 for `[CLS] A [SEP]` and 1 after);
-unidirectional examples are one segment `[CLS] X [SEP]` (token types 0).
+split at a uniformly random point); unidirectional examples are one segment `[CLS] X [SEP]`.
+Token types tell the modes apart, as UniLM's released code (microsoft/unilm unilm-v1,
+`--new_segment_ids`: seq2seq_loader.py and the type-embedding init in modeling.py, type vocab
+of 6): bidirectional 0 for `[CLS] A [SEP]` and 1 after, left-to-right 2 throughout,
+right-to-left 3 throughout, seq2seq 4 for the source `[CLS] A [SEP]` and 5 for the target
+`B [SEP]`. A model reading them needs type_vocab_size >= 6 (`TYPE_VOCAB_SIZE`).
 
 Masking, as the paper: `budget = min(max_predictions, max(1, round(0.15 * n)))` of the n chunk
 tokens are predicted ([CLS]/[SEP] never); the predicted tokens form units that are a unigram with
@@ -30,6 +34,9 @@ from lmsuite.data.preprocessors import lm
 BIDIRECTIONAL, LEFT_TO_RIGHT, RIGHT_TO_LEFT, SEQ2SEQ = 0, 1, 2, 3
 MODE_PROBABILITIES = (1 / 3, 1 / 6, 1 / 6, 1 / 3)
 NGRAM_PROBABILITIES = (0.8, 0.1, 0.1)
+# (type of [CLS] A [SEP], type of the rest) per mode, indexed by the mode ids above.
+MODE_TOKEN_TYPES = ((0, 1), (2, 2), (3, 3), (4, 5))
+TYPE_VOCAB_SIZE = 6
 
 
 def unilm_attention_mask(*, mode, length, source_length=0):
@@ -110,7 +117,9 @@ def unilm_example(
     middle = tf.cond(pair, lambda: sep, lambda: sep[:0])
     ids = tf.concat([cls, tokens[:split], middle, tokens[split:], sep], axis=0)
     source_length = tf.where(pair, split + 2, 0)
-    types = tf.cast(tf.range(tf.size(ids)) >= tf.where(pair, split + 2, tf.size(ids)), tf.int32)
+    in_second = tf.range(tf.size(ids)) >= tf.where(pair, split + 2, tf.size(ids))
+    mode_types = tf.gather(tf.constant(MODE_TOKEN_TYPES, tf.int32), mode)
+    types = tf.where(in_second, mode_types[1], mode_types[0])
 
     budget = tf.cast(tf.round(mask_rate * tf.cast(n, tf.float32)), tf.int32)
     budget = tf.clip_by_value(budget, 1, max_predictions)
@@ -167,7 +176,7 @@ def unilm(
     3 seq2seq) and source_length (length of `[CLS] A [SEP]` for the pair modes, 0 otherwise).
 
     Example (seq2seq, chunk [a b c d e], split after b, c masked, M = mask_id):
-      -> {"input_ids": [CLS a b SEP M d e SEP], "token_type_ids": [0 0 0 0 1 1 1 1],
+      -> {"input_ids": [CLS a b SEP M d e SEP], "token_type_ids": [4 4 4 4 5 5 5 5],
           "masked_positions": [4 0 ...], "masked_ids": [c 0 ...], "masked_weights": [1 0 ...],
           "unilm_mode": 3, "source_length": 4}
     """

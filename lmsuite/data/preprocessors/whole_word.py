@@ -7,8 +7,9 @@ The budget is BERT's (see `mlm.prediction_budget`), counted in tokens, so a sequ
 few tokens short of it when the remaining units are all too long. Each token of a chosen unit
 gets its own 80/10/10 draw, as in BERT's create_pretraining_data.py.
 
-The same unit machinery serves Chinese whole-word masking (units = segmented words) and ERNIE's
-phrase / entity masking (units = multi-word groups; see `ernie.py`).
+The same unit machinery (`unit_index`, `greedy_fit`) serves Chinese whole-word masking (units =
+segmented words) and ERNIE's phrase / entity masking, which selects units independently rather
+than by this budget (see `ernie.py`).
 """
 
 from __future__ import annotations
