@@ -1,4 +1,9 @@
-"""Multi-head dot-product attention over an arbitrary boolean mask plus an additive bias."""
+"""Multi-head dot-product attention over an arbitrary boolean mask plus an additive bias.
+
+Decoding keeps a key/value cache as explicit arrays passed in and returned, not as a Flax
+"cache" collection: a stack that shares one block between its layers (ALBERT-style sharing)
+needs one cache per application of that block, which a per-module variable cannot hold.
+"""
 
 import flax.linen as nn
 import jax
@@ -41,11 +46,26 @@ def add_attention_bias(logits_BHLM, bias_BHLM):
     return logits_BHLM + bias_BHLM
 
 
+def init_kv_cache(batch: int, length: int, num_heads: int, head_dim: int, dtype) -> dict:
+    """An empty self-attention cache: `key` and `value`, each (B, M, H, K) zeros."""
+    zeros_BMHK = jnp.zeros((batch, length, num_heads, head_dim), dtype)
+    return {"key": zeros_BMHK, "value": zeros_BMHK}
+
+
 class MultiHeadAttention(nn.Module):
     """Queries from x_BLD attend to keys/values from kv_BMD.
 
     Submodules `query`, `key`, `value` (D -> H, K) and `out` (H, K -> D). With `scale_logits`
     False the 1/sqrt(K) factor is left to the initialisation, as in T5.
+
+    With a `cache` (a dict of `key` and `value`, each (B, M, H, K)) the call returns
+    (output, new cache), in one of two ways:
+      self-attention (`cache_index` given): the keys/values of the L new positions are written
+        at [cache_index, cache_index + L) and the queries attend to all M cached positions, so
+        `mask` must be (B or 1, 1, L, M) and hide the positions not yet written.
+      memory (`cache_index` None, cross-attention): with kv_BMD given its keys/values replace
+        the cache (the first decoding step); with kv_BMD None the cached ones are used, so the
+        encoder's output is projected once per generation, not once per token.
     """
 
     num_heads: int
@@ -59,7 +79,17 @@ class MultiHeadAttention(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x_BLD, kv_BMD, *, mask=None, bias_BHLM=None, deterministic: bool = True):
+    def __call__(
+        self,
+        x_BLD,
+        kv_BMD,
+        *,
+        mask=None,
+        bias_BHLM=None,
+        deterministic: bool = True,
+        cache=None,
+        cache_index=None,
+    ):
         d_model = x_BLD.shape[-1]
         kw = dict(
             kernel_init=default_kernel_init(self.init_stddev),
@@ -75,8 +105,20 @@ class MultiHeadAttention(nn.Module):
             **kw,
         )
         q_BLHK = proj("query", self.use_bias)(x_BLD)
-        k_BMHK = proj("key", self.use_bias and self.use_key_bias)(kv_BMD)
-        v_BMHK = proj("value", self.use_bias)(kv_BMD)
+        if kv_BMD is not None:
+            k_BMHK = proj("key", self.use_bias and self.use_key_bias)(kv_BMD)
+            v_BMHK = proj("value", self.use_bias)(kv_BMD)
+        elif cache is None or cache_index is not None:
+            raise ValueError("kv_BMD may be None only with a memory cache (cache_index None)")
+        else:
+            k_BMHK, v_BMHK = cache["key"], cache["value"]
+        if cache is not None and cache_index is not None:
+            k_BMHK, v_BMHK = (
+                jax.lax.dynamic_update_slice(
+                    cache[name], new.astype(cache[name].dtype), (0, cache_index, 0, 0)
+                )
+                for name, new in (("key", k_BMHK), ("value", v_BMHK))
+            )
         if self.scale_logits:
             q_BLHK = q_BLHK / jnp.sqrt(self.head_dim).astype(self.dtype)
         logits_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
@@ -85,6 +127,9 @@ class MultiHeadAttention(nn.Module):
         probs_BHLM = masked_softmax(logits_BHLM, mask).astype(self.dtype)
         probs_BHLM = nn.Dropout(self.dropout_rate)(probs_BHLM, deterministic=deterministic)
         out_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
-        return DenseGeneral(
+        out_BLD = DenseGeneral(
             (d_model,), (P.HEADS, P.KV), (P.EMBED,), use_bias=self.use_bias, name="out", **kw
         )(out_BLHK)
+        if cache is None:
+            return out_BLD
+        return out_BLD, {"key": k_BMHK, "value": v_BMHK}

@@ -46,6 +46,10 @@ class Block(nn.Module):
     Submodules: `attention`, `cross_attention`, `mlp`, and norms named by their place:
     `pre_attention_norm`, `pre_cross_attention_norm`, `pre_mlp_norm` (pre-norm) or
     `post_attention_norm`, `post_cross_attention_norm`, `post_mlp_norm` (post-norm).
+
+    With a `cache` ({"attention": kv, "cross_attention": kv}, see `MultiHeadAttention`; the
+    cross entry is absent until the encoder output has been projected once) the call returns
+    (x_BLD, new cache) and `encoded_BMD` may be None once the cross entry is there.
     """
 
     config: ModelConfig
@@ -64,6 +68,8 @@ class Block(nn.Module):
         cross_mask=None,
         deterministic=True,
         attention_kwargs=None,
+        cache=None,
+        cache_index=None,
     ):
         cfg = self.config
         pre = cfg.norm_position == "pre"
@@ -82,26 +88,65 @@ class Block(nn.Module):
                 return x + drop(fn(norm(what)(x)))
             return norm(what)(x + drop(fn(x)))
 
+        new_cache = {}
+
+        def cached(what, call):
+            # Attention without a cache returns its output; with one, (output, new entry).
+            if cache is None:
+                return call
+
+            def unpack(h):
+                out, new_cache[what] = call(h)
+                return out
+
+            return unpack
+
         attention = self.attention or make_attention(cfg, name="attention")
+        self_cache = (
+            None if cache is None else dict(cache=cache["attention"], cache_index=cache_index)
+        )
         x_BLD = sublayer(
             x_BLD,
             "attention",
-            lambda h: attention(
-                h,
-                h,
-                mask=mask,
-                bias_BHLM=bias_BHLM,
-                deterministic=deterministic,
-                **(attention_kwargs or {}),
+            cached(
+                "attention",
+                lambda h: attention(
+                    h,
+                    h,
+                    mask=mask,
+                    bias_BHLM=bias_BHLM,
+                    deterministic=deterministic,
+                    **(attention_kwargs or {}),
+                    **(self_cache or {}),
+                ),
             ),
         )
         if self.has_cross:
             cross = make_attention(cfg, name="cross_attention", cross=True)
+            memory = None
+            if cache is not None:
+                memory = dict(cache=cache.get("cross_attention"))
+                if memory["cache"] is None:
+                    if encoded_BMD is None:
+                        raise ValueError("a first cached decoding step needs encoded_BMD")
+                    memory["cache"] = {}
+                else:
+                    encoded_BMD = None  # already projected: the cache holds its keys/values
             x_BLD = sublayer(
                 x_BLD,
                 "cross_attention",
-                lambda h: cross(h, encoded_BMD, mask=cross_mask, deterministic=deterministic),
+                cached(
+                    "cross_attention",
+                    lambda h: cross(
+                        h,
+                        encoded_BMD,
+                        mask=cross_mask,
+                        deterministic=deterministic,
+                        **(memory or {}),
+                    ),
+                ),
             )
         mlp = self.mlp or make_mlp(cfg, name="mlp")
         x_BLD = sublayer(x_BLD, "mlp", lambda h: mlp(h, deterministic=deterministic))
-        return nn.with_logical_constraint(x_BLD, (P.BATCH, P.LENGTH, P.EMBED))
+        x_BLD = nn.with_logical_constraint(x_BLD, (P.BATCH, P.LENGTH, P.EMBED))
+        return x_BLD if cache is None else (x_BLD, new_cache)

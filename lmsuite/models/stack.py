@@ -1,7 +1,11 @@
 """A stack of blocks with its position machinery, cross-layer sharing and final norm."""
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
+from lmsuite.layers import masks
+from lmsuite.layers.attention import init_kv_cache
 from lmsuite.layers.norm import make_norm
 from lmsuite.layers.positions import RelativePositionBias
 from lmsuite.models.block import Block, make_attention, make_mlp
@@ -15,6 +19,10 @@ class Stack(nn.Module):
     block runs n times (ALBERT); "attention"/"ffn" share `shared_attention` / `shared_mlp`
     between otherwise separate layers. T5 relative positions add `relative_bias`, computed once
     and used by every layer; DeBERTa adds `relative_embeddings`.
+
+    Cached decoding (causal stacks only): `cache` maps `layers_{i}` (one entry per application,
+    also when a block is shared) to that block's cache, the L inputs sit at positions
+    [cache_index, cache_index + L) of the M cached ones, and the call returns (x_BLD, new cache).
     """
 
     config: ModelConfig
@@ -32,13 +40,17 @@ class Stack(nn.Module):
         cross_mask=None,
         position_ids_BL=None,
         deterministic=True,
+        cache=None,
+        cache_index=None,
     ):
         cfg = self.config
         bias_BHLM = None
         attention_kwargs = None
         length = x_BLD.shape[1]
+        if cache is not None and (not self.causal or cfg.position_type == "deberta"):
+            raise ValueError("a key/value cache is for causal stacks (decoders) only")
         if cfg.position_type == "t5_relative":
-            bias_BHLM = RelativePositionBias(
+            relative_bias = RelativePositionBias(
                 num_heads=cfg.num_heads,
                 num_buckets=cfg.relative_buckets,
                 max_distance=cfg.relative_max_distance,
@@ -46,7 +58,11 @@ class Stack(nn.Module):
                 init_stddev=cfg.init_stddev,
                 dtype=cfg.compute_dtype,
                 name="relative_bias",
-            )(length, length)
+            )
+            if cache is None:
+                bias_BHLM = relative_bias(length, length)
+            else:
+                bias_BHLM = _cached_relative_bias(relative_bias, cache, length, cache_index)
         elif cfg.position_type == "deberta":
             from lmsuite.layers.disentangled import RelativeEmbeddings
 
@@ -64,22 +80,31 @@ class Stack(nn.Module):
         )
         if cfg.share_layers == "all":
             block = Block(config=cfg, has_cross=self.has_cross, name="layers_shared")
-            for _ in range(self.num_layers):
-                x_BLD = block(x_BLD, **kwargs)
+            blocks = [block] * self.num_layers
         else:
             shared_attention = shared_mlp = None
             if cfg.share_layers == "attention":
                 shared_attention = make_attention(cfg, name="shared_attention")
             if cfg.share_layers == "ffn":
                 shared_mlp = make_mlp(cfg, name="shared_mlp")
-            for i in range(self.num_layers):
-                x_BLD = Block(
+            blocks = [
+                Block(
                     config=cfg,
                     has_cross=self.has_cross,
                     attention=shared_attention,
                     mlp=shared_mlp,
                     name=f"layers_{i}",
-                )(x_BLD, **kwargs)
+                )
+                for i in range(self.num_layers)
+            ]
+        new_cache = {}
+        for i, block in enumerate(blocks):
+            if cache is None:
+                x_BLD = block(x_BLD, **kwargs)
+            else:
+                x_BLD, new_cache[f"layers_{i}"] = block(
+                    x_BLD, **kwargs, cache=cache[f"layers_{i}"], cache_index=cache_index
+                )
         if cfg.final_norm:
             x_BLD = make_norm(
                 cfg.norm_type,
@@ -89,4 +114,58 @@ class Stack(nn.Module):
                 name="final_norm",
             )(x_BLD)
             x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
-        return x_BLD
+        return x_BLD if cache is None else (x_BLD, new_cache)
+
+
+def _cached_relative_bias(relative_bias: RelativePositionBias, cache, length: int, cache_index):
+    """T5's causal bias of queries at [cache_index, cache_index + L) over the M cached keys.
+
+    Causal buckets depend on the distance query - key >= 0 only (later keys share bucket 0 and
+    are masked anyway), so the module is asked once for the M distances 0..M-1 (queries
+    0..M-1 against key 0) and each (query, key) pair gathers its distance: (1, H, L, M).
+    """
+    cached_length = cache_length(cache)
+    by_distance_HM = relative_bias(cached_length, 1)[0, :, :, 0]
+    query_L1 = cache_index + jnp.arange(length)[:, None]
+    distance_LM = jnp.clip(query_L1 - jnp.arange(cached_length)[None, :], 0, cached_length - 1)
+    return jnp.take(by_distance_HM, distance_LM, axis=1)[None]
+
+
+def init_cache(config: ModelConfig, *, num_layers: int, batch_size: int, length: int) -> dict:
+    """An empty cache of a causal stack: {"layers_{i}": {"attention": {"key", "value"}}}, each
+    (batch_size, length, H, K) zeros in the compute dtype."""
+    return {
+        f"layers_{i}": {
+            "attention": init_kv_cache(
+                batch_size, length, config.num_heads, config.head_width, config.compute_dtype
+            )
+        }
+        for i in range(num_layers)
+    }
+
+
+def cache_length(cache) -> int:
+    """M, the positions a cache holds."""
+    return cache["layers_0"]["attention"]["key"].shape[1]
+
+
+def cached_causal_mask(length, cached_length, cache_index, *, attention_mask, prefix_mask):
+    """(B or 1, 1, L, M): queries at [cache_index, cache_index + L) over the M cached keys.
+
+    Causal over cache positions; `attention_mask` (B, M) hides padded keys; `prefix_mask`
+    (B, M) makes the prefix bidirectional, as `masks.prefix_lm_mask` does without a cache.
+    """
+    for name, x in (("attention_mask", attention_mask), ("prefix_mask", prefix_mask)):
+        if x is not None and (x.ndim != 2 or x.shape[1] != cached_length):
+            raise ValueError(
+                f"with a cache, {name} must be (B, {cached_length}) over the cached positions, "
+                f"got {tuple(x.shape)}"
+            )
+    query_L = cache_index + jnp.arange(length)
+    order = (jnp.arange(cached_length)[None, :] <= query_L[:, None])[None, None]
+    if prefix_mask is not None:
+        p_BM = prefix_mask.astype(bool)
+        p_BL = jax.lax.dynamic_slice_in_dim(p_BM, cache_index, length, axis=1)
+        order = order | (p_BL[:, :, None] & p_BM[:, None, :])[:, None]
+    pad = None if attention_mask is None else masks.padding_mask(attention_mask)
+    return masks.combine(pad, order)

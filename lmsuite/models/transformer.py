@@ -8,6 +8,9 @@
                      module's scope so that its parameters sit at the top of the tree too.
 
 Parameters live outside the module: `params = Transformer(cfg).init(rng, ids)["params"]`.
+
+Cached decoding passes `cache=init_cache(cfg, ...)` and `cache_index` and reads the updated
+cache from the outputs (see `Transformer.__call__`); `lmsuite.evaluation.decoding` drives it.
 """
 
 import flax.linen as nn
@@ -16,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lmsuite.layers import masks
+from lmsuite.models import stack
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
 from lmsuite.models.heads import Classifier, ReplacedTokenHead, VocabHead, gather_positions
@@ -97,6 +101,29 @@ def validate_inputs(
         _check_length(cfg, "decoder_input_ids", decoder_input_ids.shape[1])
 
 
+DECODING_ARCHITECTURES = ("decoder", "prefix_lm", "encoder_decoder")
+
+
+def init_cache(config: ModelConfig, *, batch_size: int, length: int) -> dict:
+    """An empty key/value cache of the decoder stack for `length` positions (`stack.init_cache`).
+
+    An encoder-decoder's first cached call adds each layer's "cross_attention" keys/values of
+    the encoder output; later calls then skip the encoder and take input_ids=None.
+    """
+    if config.architecture not in DECODING_ARCHITECTURES:
+        raise ValueError(
+            f"architecture={config.architecture!r} cannot decode with a cache; expected one of "
+            f"{DECODING_ARCHITECTURES}"
+        )
+    encoder_decoder = config.architecture == "encoder_decoder"
+    return stack.init_cache(
+        config,
+        num_layers=config.decoder_layers if encoder_decoder else config.num_layers,
+        batch_size=batch_size,
+        length=length,
+    )
+
+
 def _refuse_given(inputs: dict, what: str):
     given = sorted(name for name, x in inputs.items() if x is not None)
     if given:
@@ -134,6 +161,8 @@ class Transformer(nn.Module):
         target_mapping=None,
         mems=None,
         deterministic: bool = True,
+        cache=None,
+        cache_index=None,
     ) -> dict[str, jax.Array]:
         """Runs the model.
 
@@ -150,8 +179,38 @@ class Transformer(nn.Module):
           masked_positions: (B, P) positions at which to compute MLM logits.
           perm_mask, target_mapping, mems: XLNet only, see `TwoStreamTransformer`.
           deterministic: False enables dropout (needs a "dropout" rng).
+          cache: from `init_cache` or a previous call's outputs["cache"]; the decoder's inputs
+            (input_ids, or decoder_input_ids) then sit at positions [cache_index, cache_index
+            + L) of the cache's M, position ids default to those, attention_mask (and
+            prefix_mask) cover all M cached positions (B, M), and outputs gain "cache". An
+            encoder-decoder's attention_mask stays the encoder's (B, L_enc).
+          cache_index: int32 scalar, the first position the inputs are written to.
         """
         cfg = self.config
+        if cache is not None:
+            unused = dict(
+                token_type_ids=token_type_ids,
+                segment_ids=segment_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                decoder_segment_ids=decoder_segment_ids,
+                cross_attention_mask=cross_attention_mask,
+                masked_positions=masked_positions,
+                perm_mask=perm_mask,
+                target_mapping=target_mapping,
+                mems=mems,
+            )
+            _refuse_given(unused, "cached decoding")
+            return self._cached(
+                cache,
+                cache_index,
+                input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                prefix_mask=prefix_mask,
+                decoder_input_ids=decoder_input_ids,
+                decoder_position_ids=decoder_position_ids,
+                deterministic=deterministic,
+            )
         xlnet_inputs = dict(perm_mask=perm_mask, target_mapping=target_mapping, mems=mems)
         if cfg.architecture == "xlnet":
             others = dict(
@@ -187,7 +246,6 @@ class Transformer(nn.Module):
             decoder_input_ids=decoder_input_ids,
         )
         token_embedder = make_token_embedder(cfg)
-        outputs = {}
         if cfg.architecture == "encoder_decoder":
             hidden = self._encoder_decoder(
                 token_embedder,
@@ -234,8 +292,11 @@ class Transformer(nn.Module):
                 causal=causal,
                 name="decoder" if causal else "encoder",
             )(x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic)
-        outputs["hidden"] = hidden
+        return self._heads(token_embedder, hidden, masked_positions, deterministic)
 
+    def _heads(self, token_embedder, hidden, masked_positions, deterministic):
+        cfg = self.config
+        outputs = {"hidden": hidden}
         if "mlm" in cfg.heads:
             h = hidden if masked_positions is None else gather_positions(hidden, masked_positions)
             head = VocabHead(
@@ -256,6 +317,96 @@ class Transformer(nn.Module):
             )
         if "rtd" in cfg.heads:
             outputs["rtd_logits"] = ReplacedTokenHead(config=cfg, name="rtd_head")(hidden)
+        return outputs
+
+    def _cached(
+        self,
+        cache,
+        cache_index,
+        input_ids,
+        *,
+        attention_mask,
+        position_ids,
+        prefix_mask,
+        decoder_input_ids,
+        decoder_position_ids,
+        deterministic,
+    ):
+        """One cached decoding call: the decoder over L new positions; see `__call__`."""
+        cfg = self.config
+        if cfg.architecture not in DECODING_ARCHITECTURES:
+            raise ValueError(
+                f"architecture={cfg.architecture!r} cannot decode with a cache; expected one of "
+                f"{DECODING_ARCHITECTURES}"
+            )
+        if cache_index is None:
+            raise ValueError("a cache needs cache_index, the position the inputs are written to")
+        cache_length = stack.cache_length(cache)
+        token_embedder = make_token_embedder(cfg)
+        encoded = cross_mask = None
+        if cfg.architecture == "encoder_decoder":
+            if decoder_input_ids is None:
+                raise ValueError("architecture='encoder_decoder' needs decoder_input_ids")
+            _check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
+            ids, positions = decoder_input_ids, decoder_position_ids
+            if "cross_attention" not in cache["layers_0"]:
+                if input_ids is None:
+                    raise ValueError("the first cached step of an encoder-decoder needs input_ids")
+                _check_ids("input_ids", input_ids, cfg.vocab_size)
+                _check_length(cfg, "input_ids", input_ids.shape[1])
+                x = Embedder(config=cfg, token_embedder=token_embedder, name="encoder_embedder")(
+                    input_ids, deterministic=deterministic
+                )
+                enc_mask = None if attention_mask is None else masks.padding_mask(attention_mask)
+                encoded = Stack(
+                    config=cfg, num_layers=cfg.num_layers, causal=False, name="encoder"
+                )(x, mask=enc_mask, deterministic=deterministic)
+            elif input_ids is not None:
+                raise ValueError("the encoder output is cached already: pass input_ids=None")
+            if attention_mask is not None:
+                cross_mask = masks.padding_mask(attention_mask)
+            self_mask = stack.cached_causal_mask(
+                ids.shape[1], cache_length, cache_index, attention_mask=None, prefix_mask=None
+            )
+            embedder = Embedder(
+                config=cfg, token_embedder=token_embedder, use_types=False, name="decoder_embedder"
+            )
+        else:
+            if decoder_input_ids is not None:
+                raise ValueError(f"decoder_input_ids given to architecture={cfg.architecture!r}")
+            if cfg.architecture == "prefix_lm" and prefix_mask is None:
+                raise ValueError("architecture='prefix_lm' needs prefix_mask (B, M)")
+            _check_ids("input_ids", input_ids, cfg.vocab_size)
+            ids, positions = input_ids, position_ids
+            self_mask = stack.cached_causal_mask(
+                ids.shape[1],
+                cache_length,
+                cache_index,
+                attention_mask=attention_mask,
+                prefix_mask=prefix_mask,
+            )
+            embedder = Embedder(config=cfg, token_embedder=token_embedder, name="embedder")
+        if positions is None:
+            positions = (cache_index + jnp.arange(ids.shape[1]))[None, :]
+        y = embedder(ids, position_ids_BL=positions, deterministic=deterministic)
+        num_layers = cfg.decoder_layers if cfg.architecture == "encoder_decoder" else cfg.num_layers
+        hidden, new_cache = Stack(
+            config=cfg,
+            num_layers=num_layers,
+            causal=True,
+            has_cross=cfg.architecture == "encoder_decoder",
+            name="decoder",
+        )(
+            y,
+            mask=self_mask,
+            encoded_BMD=encoded,
+            cross_mask=cross_mask,
+            deterministic=deterministic,
+            cache=cache,
+            cache_index=cache_index,
+        )
+        outputs = self._heads(token_embedder, hidden, None, deterministic)
+        outputs["cache"] = new_cache
         return outputs
 
     def _self_mask(self, length, *, attention_mask, segment_ids, causal, prefix_mask):
