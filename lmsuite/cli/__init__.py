@@ -18,6 +18,7 @@ Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM, check
 """
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -259,6 +260,9 @@ def initialize_distributed(args) -> None:
         )
 
 
+RUN_FILE = "run.json"  # = lmsuite.evaluation.run_config.RUN_FILE (evaluation cannot import cli)
+
+
 def _train(args):
     """(train's arguments, the run's `loop.RunResult`)."""
     from lmsuite.training import loop
@@ -274,6 +278,14 @@ def _train(args):
     # Every configurable was called while the arguments were collected: this is the operative
     # config, as T5X writes it.
     (model_dir / "config.gin").write_text(gin.operative_config_str())
+    # What `lmsuite.load` rebuilds the model and its vocabulary from, without gin.
+    run = {
+        "model_config": kwargs["model_config"].to_json(),
+        "task": kwargs["task"],
+        "sequence_length": dict(kwargs["sequence_length"]),
+        "recipe": kwargs["recipe"].recipe.name,
+    }
+    (model_dir / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
     return kwargs, loop.train(model_dir=str(model_dir), checked=True, **kwargs)
 
 

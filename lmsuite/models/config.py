@@ -194,6 +194,30 @@ class ModelConfig:
     def mlm_activation(self) -> str:
         return self.head_activation if self.head_activation is not None else self.activation
 
+    def to_json(self) -> dict[str, Any]:
+        """The config as JSON-ready values (tuples become lists); `from_json` reverses it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> "ModelConfig":
+        """The config `to_json` wrote. Fields this lmsuite does not know are refused by name
+        (a run written by another version); fields it added since take their defaults.
+
+        Example: ModelConfig.from_json({"d_model": 64, "heads": ["lm"], "xlnet": {"mem_len": 8}})
+          -> ModelConfig(d_model=64, heads=("lm",), xlnet=XLNetOptions(mem_len=8), ...)
+        """
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(
+                f"ModelConfig has no fields {unknown} (a config written by another lmsuite?); "
+                f"its fields are {sorted(known)}"
+            )
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        if isinstance(fields.get("xlnet"), dict):
+            fields["xlnet"] = XLNetOptions(**fields["xlnet"])
+        return cls(**fields)
+
     @property
     def max_positions(self) -> int:
         """The longest sequence the position table can index."""

@@ -1,0 +1,295 @@
+"""`LoadedModel`: what `lmsuite.load` returns, one interface whatever the checkpoint came from.
+
+  model = lmsuite.load("runs/default")            # or a HF directory, or a transformers model
+  model.config, model.params, model.vocab
+  model.logits(input_ids=..., attention_mask=...)  # HF-style inputs, HF's `.logits`
+  model.fill_mask("Paris is the [MASK] of France.", top_k=5)   # as HF's fill-mask pipeline
+  model.score(texts) / model.score(inputs, targets)            # (pseudo-)log-likelihoods
+  model.encode(texts)                               # per-token states and a pooled vector
+  model.generate("Once upon a time", max_new_tokens=20)
+  model.save_hf("out/")                             # weights, config.json and tokenizer files
+
+The forward pass is `lmsuite.convert.ConvertedModel`'s, so HF-style inputs mean what they mean
+to HF (RoBERTa's positions counted past padding, ...). An lmsuite run whose model has no HF
+twin runs the Transformer directly on the same inputs.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from lmsuite.convert import ConvertedModel, to_hf
+from lmsuite.evaluation import fill_mask as fill_mask_lib
+from lmsuite.evaluation import scoring
+from lmsuite.models import ModelConfig, Transformer
+
+PAD_MULTIPLE = 8  # batches are padded to a multiple of this: fewer shapes to compile
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """Per-token final hidden states (one (L_i, D) array per text, specials included) and
+    their mean over each text's tokens, (N, D): a pooled vector that needs no trained pooler."""
+
+    hidden: list[np.ndarray]
+    pooled: np.ndarray
+    input_ids: list[list[int]]
+
+
+class NativeForward:
+    """`ConvertedModel`'s `outputs` / `logits` for a model with no HF twin: the inputs go to
+    the Transformer as they are."""
+
+    def __init__(self, config: ModelConfig, params: Any):
+        self.config, self.params = config, params
+        model = Transformer(config)
+        self._apply = jax.jit(lambda p, kw: model.apply({"params": p}, **kw))
+
+    def outputs(self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None):
+        kwargs = dict(
+            input_ids=np.asarray(input_ids),
+            attention_mask=None if attention_mask is None else np.asarray(attention_mask),
+            token_type_ids=None if token_type_ids is None else np.asarray(token_type_ids),
+            decoder_input_ids=None if decoder_input_ids is None else np.asarray(decoder_input_ids),
+        )
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return jax.tree.map(np.asarray, self._apply(self.params, kwargs))
+
+    def logits(self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None):
+        out = self.outputs(input_ids, attention_mask, token_type_ids, decoder_input_ids)
+        return out["mlm_logits"] if "mlm_logits" in out else out["lm_logits"]
+
+
+def forward_for(config: ModelConfig, params: Any) -> tuple[Any, str | None]:
+    """(forward, HF class) for an lmsuite model: `ConvertedModel` through its HF twin when
+    `lmsuite.convert` has one, else `NativeForward` and None."""
+    from lmsuite.convert import infer_hf_class, registry
+
+    try:
+        hf_class = infer_hf_class(config)
+        family = registry.families_by_class()[hf_class]
+        hf_config = family.config_to_hf(config, hf_class)
+    except (ValueError, KeyError):  # no HF twin: the model is still usable natively
+        return NativeForward(config, params), None
+    return ConvertedModel(config, params, hf_class, hf_config, family), hf_class
+
+
+def _padded(rows: list[list[int]], *, pad_id: int, limit: int | None):
+    """(ids (B, L), mask (B, L)) with L the longest row rounded up to PAD_MULTIPLE (<= limit)."""
+    longest = max(len(r) for r in rows)
+    length = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
+    if limit is not None:
+        length = max(longest, min(length, limit))
+    ids = np.full((len(rows), length), pad_id, np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = row
+        mask[b, : len(row)] = 1
+    return ids, mask
+
+
+class LoadedModel:
+    """A model with its vocabulary, ready to predict, score, encode, generate and export.
+
+    Args:
+      forward: a `ConvertedModel` (or `NativeForward`): config, params, outputs(), logits().
+      vocab: a `tokenizer_export.SentencePieceText` / `TokenizersText`, or None (ids only).
+      hf_class: the HF class `save_hf` writes (None: `lmsuite.convert` infers it).
+      decoder_start_id: what a seq2seq decoder reads first.
+      causal_start_id: what an lmsuite decoder reads before the first token (SeqIO's LM
+        features shift the targets right after id 0); None for HF models, which score from
+        the second token.
+      source: where it was loaded from, for messages.
+    """
+
+    def __init__(self, *, forward, vocab, hf_class=None, decoder_start_id=0,
+                 causal_start_id=None, source: str = "") -> None:  # fmt: skip
+        self._forward = forward
+        self.vocab = vocab
+        self.hf_class = hf_class
+        self.decoder_start_id = decoder_start_id
+        self.causal_start_id = causal_start_id
+        self.source = source
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._forward.config
+
+    @property
+    def params(self) -> Any:
+        return self._forward.params
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"LoadedModel({self.source!r}: {c.architecture}, heads={c.heads}, "
+            f"d_model={c.d_model}, layers={c.num_layers}, vocab={c.vocab_size})"
+        )
+
+    # --------------------------------------------------------------------------- forward
+    def logits(self, input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None,
+               **extra):  # fmt: skip
+        """What HF's `.logits` holds for the same inputs (numpy or torch)."""
+        return self._forward.logits(
+            input_ids, attention_mask, token_type_ids, decoder_input_ids, **extra
+        )
+
+    def _require_vocab(self, what: str):
+        if self.vocab is None:
+            raise ValueError(
+                f"{what} needs a vocabulary, and {self.source or 'this model'} has none: load a "
+                "HF directory with tokenizer.json, pass tokenizer=, or use ids (`logits`)"
+            )
+        return self.vocab
+
+    def _inputs(self, rows, decoder_rows=None):
+        """Padded (ids, attention mask, token types or None, decoder ids or None)."""
+        cfg = self.config
+        limit = cfg.max_positions if cfg.position_type in ("learned", "sinusoidal") else None
+        ids, mask = _padded(rows, pad_id=cfg.pad_id, limit=limit)
+        types = np.zeros_like(ids) if cfg.type_vocab_size > 0 else None
+        decoder_ids = None
+        if decoder_rows is not None:
+            decoder_ids, _ = _padded(decoder_rows, pad_id=cfg.pad_id, limit=limit)
+        return ids, mask, types, decoder_ids
+
+    def _logits_of(self, rows, decoder_rows=None) -> list[np.ndarray]:
+        """One (L_i, V) logits array per row (per decoder row for seq2seq), padding cut off."""
+        logits = np.asarray(self._forward.logits(*self._inputs(rows, decoder_rows)))
+        lengths = [len(r) for r in (rows if decoder_rows is None else decoder_rows)]
+        return [logits[b, :n] for b, n in enumerate(lengths)]
+
+    # ------------------------------------------------------------------------- tasks
+    @property
+    def kind(self) -> str:
+        """What `score` computes: "mlm", "causal", "seq2seq" (or "other": nothing)."""
+        cfg = self.config
+        if cfg.architecture == "encoder_decoder":
+            return "seq2seq"
+        if cfg.architecture == "decoder" and "lm" in cfg.heads:
+            return "causal"
+        if cfg.architecture == "encoder" and "mlm" in cfg.heads:
+            return "mlm"
+        return "other"
+
+    def fill_mask(self, text_or_texts: str | Sequence[str], top_k: int = 5):
+        """HF fill-mask pipeline's output for the same texts (see `fill_mask.fill_mask`)."""
+        if self.kind != "mlm":
+            raise ValueError(
+                f"fill_mask needs an encoder with an MLM head; this model is a "
+                f"{self.config.architecture} with heads {self.config.heads}"
+            )
+        vocab = self._require_vocab("fill_mask")
+        return fill_mask_lib.fill_mask(
+            text_or_texts, vocab=vocab, logits_of=self._logits_of, top_k=top_k
+        )
+
+    def score(self, texts, targets=None) -> list[scoring.Score]:
+        """Pseudo-log-likelihoods (MLM), log-likelihoods (causal LM) or, for seq2seq models,
+        log p(target | input) of `score(inputs, targets)` / `score([(input, target), ...])`."""
+        vocab = self._require_vocab("score")
+        kind = self.kind
+        if kind == "seq2seq":
+            pairs = texts if targets is None else _pairs(texts, targets)
+            return scoring.seq2seq_log_likelihood(
+                pairs, vocab=vocab, logits_of=self._logits_of, start_id=self.decoder_start_id
+            )
+        if targets is not None:
+            raise ValueError(f"targets are for seq2seq models; this one scores texts ({kind})")
+        if kind == "mlm":
+            return scoring.pseudo_log_likelihood(texts, vocab=vocab, logits_of=self._logits_of)
+        if kind == "causal":
+            return scoring.causal_log_likelihood(
+                texts, vocab=vocab, logits_of=self._logits_of, start_id=self.causal_start_id
+            )
+        raise ValueError(
+            f"score covers MLM encoders, causal decoders and seq2seq models; this model is a "
+            f"{self.config.architecture} with heads {self.config.heads}"
+        )
+
+    def encode(self, texts: str | Sequence[str]) -> Encoded:
+        """Final hidden states of each text and their mean (`Encoded`)."""
+        if self.config.architecture not in ("encoder", "decoder"):
+            raise ValueError(
+                f"encode reads one stack's states: an encoder or a decoder, not "
+                f"{self.config.architecture!r}"
+            )
+        vocab = self._require_vocab("encode")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("encode needs at least one text, got an empty list")
+        rows = [vocab.encode(t) for t in texts]
+        out = self._forward.outputs(*self._inputs(rows))
+        hidden = [np.asarray(out["hidden"][b, : len(r)]) for b, r in enumerate(rows)]
+        pooled = np.stack([h.mean(axis=0) for h in hidden])
+        return Encoded(hidden=hidden, pooled=pooled, input_ids=rows)
+
+    def generate(self, inputs, *, max_new_tokens: int, **options):
+        """`lmsuite.evaluation.decoding.generate` on a text, texts or an id array.
+
+        Texts are encoded with the vocabulary's framing and padded (left for decoders, whose
+        continuation follows the prompt; right for seq2seq encoders); the returned ids are
+        decoded without special tokens. Ids (B, L) are passed as they are and ids come back.
+        `options` are `generate`'s (num_beams, do_sample, temperature, top_k, top_p, ...).
+        """
+        from lmsuite.evaluation import decoding  # written alongside; imported only when used
+
+        given_text = isinstance(inputs, str) or (
+            isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs)
+        )
+        if given_text:
+            vocab = self._require_vocab("generate on text")
+            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            framing = self.config.architecture == "encoder_decoder"
+            rows = [vocab.encode(t, add_special_tokens=framing) for t in texts]
+            pad = dict(pad_id=self.config.pad_id)
+            input_ids, attention_mask = (
+                _padded(rows, limit=None, **pad) if framing else _left_padded(rows, **pad)
+            )
+            options.setdefault("attention_mask", attention_mask)
+            eos = vocab.token_id("eos_token")
+            if eos is not None:
+                options.setdefault("eos_token_id", eos)
+        else:
+            input_ids = np.asarray(inputs)
+        options.setdefault("pad_token_id", self.config.pad_id)
+        if self.config.architecture == "encoder_decoder":
+            options.setdefault("decoder_start_token_id", self.decoder_start_id)
+        out = decoding.generate(
+            self.config, self.params, input_ids=input_ids, max_new_tokens=max_new_tokens, **options
+        )
+        if not given_text:
+            return out
+        return [self.vocab.decode(row, skip_special_tokens=True) for row in np.asarray(out)]
+
+    def save_hf(self, out_dir: str) -> list[str]:
+        """Writes model.safetensors, config.json and the tokenizer files HF loads; their paths.
+
+        `transformers.pipeline("fill-mask", model=out_dir)` then works on an MLM.
+        """
+        vocab = self._require_vocab("save_hf (it writes the tokenizer too)")
+        to_hf(self.config, self.params, out_dir, hf_class=self.hf_class)
+        written = vocab.save_hf(out_dir)
+        return sorted({f"{out_dir}/model.safetensors", f"{out_dir}/config.json", *written})
+
+
+def _pairs(inputs, targets) -> list[tuple[str, str]]:
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    if len(inputs) != len(targets):
+        raise ValueError(f"score got {len(inputs)} inputs and {len(targets)} targets")
+    return list(zip(inputs, targets, strict=True))
+
+
+def _left_padded(rows: list[list[int]], *, pad_id: int):
+    """(ids, mask) with every row ending at the last column (prompts for a decoder)."""
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = row
+        mask[b, width - len(row) :] = 1
+    return ids, mask
