@@ -11,7 +11,7 @@ from lmsuite.layers.norm import NORM_TYPES
 ARCHITECTURES = ("encoder", "decoder", "prefix_lm", "encoder_decoder", "xlnet")
 POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "none")
 SHARING = ("none", "all", "attention", "ffn")
-HEADS = ("mlm", "lm", "classifier", "rtd")
+HEADS = ("mlm", "lm", "classifier", "rtd", "sbo")
 DTYPES = ("float32", "bfloat16", "float16")
 XLNET_ATTENTION_TYPES = ("bi", "uni")
 
@@ -99,7 +99,9 @@ class ModelConfig:
                        embeddings of padded tokens given a (B, L) attention_mask).
       sharing          share_layers: none, all (ALBERT), attention, ffn (ALBERT's ablation).
       heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
-                       (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA).
+                       (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA),
+                       sbo (SpanBERT's span boundary head, `span_boundary.py`: sbo_max_span
+                       offset rows of width sbo_position_dim).
       xlnet            XLNetOptions, set exactly when architecture="xlnet". XLNet reads the
                        sizes, activation, norm_eps, dropout, init_stddev, tie_embeddings,
                        output_bias and dtype; its positions are relative sinusoids, so
@@ -156,6 +158,8 @@ class ModelConfig:
     output_bias: bool = True
     scale_tied_output: bool = False  # T5 1.0: multiply by D**-0.5 before the tied projection
     num_labels: int = 2
+    sbo_max_span: int = 15  # SpanBERT's --max-pair-targets: tokens per span with an SBO target
+    sbo_position_dim: int = 200  # the width of SpanBERT's offset embeddings
 
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
@@ -251,6 +255,8 @@ class ModelConfig:
             choice("head_activation", tuple(ACTIVATIONS))
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_length"):
             positive(name)
+        for name in ("sbo_max_span", "sbo_position_dim"):
+            positive(name)
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
@@ -272,6 +278,8 @@ class ModelConfig:
             raise ValueError(
                 f"heads mlm/rtd need architecture='encoder', got {self.architecture!r}"
             )
+        if self.architecture != "encoder" and "sbo" in self.heads:
+            raise ValueError(f"head sbo needs architecture='encoder', got {self.architecture!r}")
         if self.position_type == "deberta" and self.architecture != "encoder":
             raise ValueError("position_type='deberta' is implemented for encoders only")
         bad_types = [t for t in self.deberta_pos_att_type if t not in ("c2p", "p2c")]

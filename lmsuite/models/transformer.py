@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lmsuite.layers import masks
-from lmsuite.models import stack
+from lmsuite.models import span_boundary, stack
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
 from lmsuite.models.heads import Classifier, ReplacedTokenHead, VocabHead, gather_positions
@@ -134,7 +134,8 @@ class Transformer(nn.Module):
     """ids -> dict of outputs: `hidden` and one entry per configured head.
 
     Outputs: `mlm_logits` (B, P, V) at `masked_positions`, or (B, L, V) without them;
-    `lm_logits` (B, L, V); `classifier_logits` (B, num_labels); `rtd_logits` (B, L).
+    `lm_logits` (B, L, V); `classifier_logits` (B, num_labels); `rtd_logits` (B, L);
+    `sbo_logits` (B, P, V) when given the span features (`span_boundary.INPUTS`).
     XLNet: `lm_logits` (B, P, V) at `target_mapping`'s positions, or (B, L, V) without it, and
     `new_mems` (see `two_stream.TwoStreamTransformer`).
     """
@@ -160,6 +161,9 @@ class Transformer(nn.Module):
         perm_mask=None,
         target_mapping=None,
         mems=None,
+        span_left_positions=None,
+        span_right_positions=None,
+        span_offsets=None,
         deterministic: bool = True,
         cache=None,
         cache_index=None,
@@ -178,6 +182,8 @@ class Transformer(nn.Module):
             (on top of padding and segments; MASS hides the encoder's [MASK] positions).
           masked_positions: (B, P) positions at which to compute MLM logits.
           perm_mask, target_mapping, mems: XLNet only, see `TwoStreamTransformer`.
+          span_left_positions, span_right_positions, span_offsets: (B, P), aligned with
+            masked_positions: the "sbo" head's inputs (`span_boundary.SpanBoundaryHead`).
           deterministic: False enables dropout (needs a "dropout" rng).
           cache: from `init_cache` or a previous call's outputs["cache"]; the decoder's inputs
             (input_ids, or decoder_input_ids) then sit at positions [cache_index, cache_index
@@ -187,8 +193,13 @@ class Transformer(nn.Module):
           cache_index: int32 scalar, the first position the inputs are written to.
         """
         cfg = self.config
+        span_kwargs = dict(
+            span_left_positions=span_left_positions,
+            span_right_positions=span_right_positions,
+            span_offsets=span_offsets,
+        )
         if cache is not None:
-            unused = dict(
+            unused = span_kwargs | dict(
                 token_type_ids=token_type_ids,
                 segment_ids=segment_ids,
                 decoder_attention_mask=decoder_attention_mask,
@@ -213,7 +224,7 @@ class Transformer(nn.Module):
             )
         xlnet_inputs = dict(perm_mask=perm_mask, target_mapping=target_mapping, mems=mems)
         if cfg.architecture == "xlnet":
-            others = dict(
+            others = span_kwargs | dict(
                 position_ids=position_ids,
                 segment_ids=segment_ids,
                 prefix_mask=prefix_mask,
@@ -292,9 +303,10 @@ class Transformer(nn.Module):
                 causal=causal,
                 name="decoder" if causal else "encoder",
             )(x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic)
-        return self._heads(token_embedder, hidden, masked_positions, deterministic)
+        spans = span_boundary.span_inputs(cfg, span_kwargs, masked_positions)
+        return self._heads(token_embedder, hidden, masked_positions, deterministic, spans)
 
-    def _heads(self, token_embedder, hidden, masked_positions, deterministic):
+    def _heads(self, token_embedder, hidden, masked_positions, deterministic, spans=None):
         cfg = self.config
         outputs = {"hidden": hidden}
         if "mlm" in cfg.heads:
@@ -317,6 +329,10 @@ class Transformer(nn.Module):
             )
         if "rtd" in cfg.heads:
             outputs["rtd_logits"] = ReplacedTokenHead(config=cfg, name="rtd_head")(hidden)
+        if "sbo" in cfg.heads:
+            outputs |= span_boundary.outputs(
+                cfg, token_embedder, hidden, spans, initializing=self.is_initializing()
+            )
         return outputs
 
     def _cached(

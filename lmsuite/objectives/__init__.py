@@ -13,6 +13,7 @@ from lmsuite.objectives.classification import classification
 from lmsuite.objectives.mlm import mlm
 from lmsuite.objectives.plm import permutation_lm
 from lmsuite.objectives.rtd import rtd
+from lmsuite.objectives.spanbert import span_boundary
 
 FACTORIES = {
     "mlm": mlm,
@@ -22,6 +23,7 @@ FACTORIES = {
     "rtd": rtd,
     "permutation_lm": permutation_lm,
     "seq2seq": seq2seq.seq2seq,
+    "span_boundary": span_boundary,
 }
 
 
@@ -45,4 +47,5 @@ __all__ = [
     "prefix_lm",
     "rtd",
     "seq2seq",
+    "span_boundary",
 ]

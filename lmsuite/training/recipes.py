@@ -377,18 +377,39 @@ RECIPES: dict[str, Recipe] = {
             differences="a row's memory is reset to zeros (the reference's initial memory) "
             "where its stream starts; the reference never resets; no bi_data",
         ),
+        Recipe(
+            name="spanbert",
+            summary="SpanBERT: word-span masking, masked LM + span boundary objective (SBO)",
+            objectives=("spanbert",),
+            length_keys=("input_ids", "masked_ids"),
+            lengths_for=_mlm_lengths,
+            task_features=ENCODER_MLM_FEATURES + spanbert.SBO_KEYS,
+            converter=_encoder_mlm(span_features=spanbert.SBO_KEYS),
+            pack=False,
+            loss=losses.span_boundary,
+            # The reference masks blocks before adding [CLS]/[SEP]: never an SBO boundary.
+            loss_options={"excluded_boundary_ids": (vocab_lib.CLS_ID, vocab_lib.SEP_ID)},
+            loss_features=ENCODER_MLM_FEATURES + ("input_mask",) + spanbert.SBO_KEYS,
+            architectures=("encoder",),
+            heads=("mlm", "sbo"),
+            token_types="optional",
+            metrics=("mlm_loss", "mlm_accuracy", "sbo_loss", "sbo_accuracy"),
+            prediction_features=("masked_ids", "masked_weights"),
+            learning_metrics=("mlm_accuracy", "mlm_loss"),
+            prediction_name="MLM",
+            example_model="bert_tiny",
+            example_bindings=("ModelConfig.heads = ('mlm', 'sbo')",),
+            reference="facebookresearch/SpanBERT pretraining/fairseq: models/pair_bert.py "
+            "(BertPairTargetPredictionHead), criterions/spanbert_loss.py, data/masking.py",
+            differences="the SBO mean divides by its target count, not count + 1; weights "
+            "start truncated normal (the reference: normal)",
+        ),
     ]
 }
 
 DATA_ONLY: dict[str, DataOnly] = {
     d.objective: d
     for d in [
-        DataOnly(
-            "spanbert",
-            "needs the span boundary objective head (the encoder-objectives issue)",
-            _encoder_mlm(span_features=spanbert.SBO_KEYS),
-            _mlm_lengths,
-        ),
         DataOnly(
             "structbert",
             "needs the word-structure loss and the 3-way sentence head (the encoder-objectives "
