@@ -19,9 +19,6 @@ import gin.config_parser as gin_parser
 
 import gin
 
-# TensorFlow (behind SeqIO) logs start-up chatter at INFO; a command line wants warnings only.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 
 def _no_accelerator_here() -> bool:
     """True on a host with libtpu installed (the `tpu` extra, for `lmsuite compile`) but no TPU

@@ -146,6 +146,52 @@ def test_pretrain_prints_artifacts_and_accuracy_against_the_majority_baseline(ca
     assert 0.0 < expected < 0.5
     assert baseline == round(expected, 4)
     assert report.majority_baseline([{"input_ids": targets}]) is None
+    _assert_fill_mask_section(out)
+
+
+def _assert_fill_mask_section(out: str) -> None:
+    """Three held-out wiki_sample sentences, each with one [MASK], the true word and three
+    predictions with probabilities."""
+    from lmsuite.data import corpora
+
+    lines = out.splitlines()
+    start = lines.index("fill-mask on held-out wiki_sample sentences (validation split), top 3:")
+    section = lines[start + 1 :]
+    assert len(section) == 2 * cli.FILL_MASK_SENTENCES, section
+    validation = " ".join(d.text for d in corpora.get_corpus("wiki_sample").documents("validation"))
+    for text, answer in zip(section[::2], section[1::2], strict=True):
+        assert text.startswith("  ") and text.count("[MASK]") == 1, text
+        found = re.fullmatch(r"    true: ([a-z]+)   predicted: (.*)", answer)
+        assert found, answer
+        assert text.strip().replace("[MASK]", found[1]) in validation  # held-out, unchanged
+        scores = [float(x) for x in re.findall(r" (\d\.\d{3})(?=  |$)", found[2])]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True), answer
+        assert all(0.0 <= x <= 1.0 for x in scores), answer
+
+
+def test_fill_mask_masks_the_longest_one_piece_content_word_of_sentences_of_usable_length():
+    sentences = [
+        "Too short to use here .",
+        "Paris is where the government of France sits , with its ministries .",
+        "It is about that which there would have been with them .",  # function words only
+        "It is the capital of a small province in the north of Spain .",
+        "One more sentence that is long enough but comes after the first two found .",
+    ]
+    examples = cli.masked_examples(
+        sentences, is_one_piece=lambda word: word != "government", n=2, mask_token="[MASK]"
+    )
+    assert examples == [
+        ("Paris is where the government of France sits , with its [MASK] .", "ministries"),
+        ("It is the capital of a small [MASK] in the north of Spain .", "province"),
+    ]
+
+
+def test_no_fill_mask_lines_for_a_model_without_an_mlm_head():
+    kwargs = cli.load_config(
+        cli.parse_args(["train", "--gin_file=experiments/t5_1_1_tiny.gin", "--model_dir=/unused"])
+    )
+    assert "mlm" not in kwargs["model_config"].heads
+    assert cli.fill_mask_text(kwargs, "/unused") == []  # nothing loaded: /unused is not a run
 
 
 def test_config_loads_again_beside_a_directory_named_like_an_include(tmp_path, monkeypatch):
