@@ -41,10 +41,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import optax
 
 # The sibling protocol module, and lmsuite itself when the checkout is not pip-installed.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from lmsuite_step import resident_step  # noqa: E402
 from step_protocol import (  # noqa: E402
     T5_Z_LOSS,
     Ours,
@@ -57,10 +57,10 @@ from step_protocol import (  # noqa: E402
     seq2seq_step_flops,
 )
 
-from lmsuite import cli, partitioning  # noqa: E402
+from lmsuite import cli  # noqa: E402
 from lmsuite.models import Transformer  # noqa: E402
 from lmsuite.objectives import seq2seq  # noqa: E402
-from lmsuite.training import input_pipeline, optimizers, recipes, step, train_state  # noqa: E402
+from lmsuite.training import optimizers, recipes  # noqa: E402
 
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_flax_t5.py"
 
@@ -101,33 +101,22 @@ def build_ours(config: Seq2SeqConfig):
         )
     objective = recipes.build(choice, model_config=cfg).objective
     model = Transformer(cfg)
-    mesh = partitioning.make_mesh(data=1, fsdp=1, tensor=1)
     local = {k: v for k, v in make_seq2seq_batch(config).items() if k in seq2seq.FEATURES}
     example = {k: np.zeros((1,) + v.shape[1:], v.dtype) for k, v in local.items()}
     tx = optimizers.make_optimizer(
         name="adafactor", learning_rate=config.learning_rate, clip_norm=None
     )
-    state, shardings, _ = train_state.create_sharded_state(
+    return resident_step(
+        model=model,
+        objective=objective,
+        batch_np=local,
+        tx=tx,
         init_params=lambda r: model.init({"params": r}, **objective.model_inputs(example))[
             "params"
         ],
-        tx=tx,
-        mesh=mesh,
-        rng=jax.random.PRNGKey(config.seed),
+        learning_rate=config.learning_rate,
+        seed=config.seed,
     )
-    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in local.items()}
-    batch_sharding = step.batch_shardings(shapes, mesh, rules=partitioning.DEFAULT_RULES)
-    batch = input_pipeline.to_global(local, batch_sharding)
-    run = step.jit_train_step(
-        apply_fn=model.apply,
-        objective=objective,
-        learning_rate_fn=optax.constant_schedule(config.learning_rate),
-        state_shardings=shardings,
-        batch_sharding=batch_sharding,
-        mesh=mesh,
-    )
-    rng = jax.random.PRNGKey(config.seed + 1)
-    return (lambda s: run(s[0], batch, rng)), (state, None)
 
 
 def main():

@@ -43,17 +43,17 @@ from pathlib import Path
 import flax.linen as nn
 import jax
 import numpy as np
-import optax
 
 # The sibling protocol module, and lmsuite itself when the checkout is not pip-installed.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from lmsuite_step import resident_step  # noqa: E402
 from step_protocol import time_steps  # noqa: E402
 
-from lmsuite import cli, partitioning  # noqa: E402
+from lmsuite import cli  # noqa: E402
 from lmsuite.convert import from_hf  # noqa: E402
 from lmsuite.models import Transformer, memory_shapes  # noqa: E402
 from lmsuite.objectives import plm  # noqa: E402
-from lmsuite.training import input_pipeline, optimizers, step, train_state  # noqa: E402
+from lmsuite.training import optimizers  # noqa: E402
 
 FIRST_REGULAR_ID = 10  # XLNet's SentencePiece vocabulary keeps its control symbols below
 FIRST_LOSS_RTOL = 1e-4
@@ -165,38 +165,27 @@ def build_ours(config: XLNetStepConfig, model_config, params, batch_np):
     abstract = jax.eval_shape(
         lambda: model.init(jax.random.PRNGKey(0), **objective.model_inputs(example))["params"]
     )
-    mesh = partitioning.make_mesh(devices=jax.devices()[:1])
     tx = optimizers.make_optimizer(
         name="adamw",
         learning_rate=config.learning_rate,
         clip_norm=CLIP_NORM,
         weight_decay=config.weight_decay,
     )
-    state, shardings, _ = train_state.create_sharded_state(
+    return resident_step(
+        model=model,
+        objective=objective,
+        batch_np=batch_np,
+        tx=tx,
         init_params=lambda _: jax.tree.map(
             lambda box, value: box.replace_boxed(value),
             abstract,
             params,
             is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned),
         ),
-        tx=tx,
-        mesh=mesh,
-        rng=jax.random.PRNGKey(config.seed),
+        learning_rate=config.learning_rate,
+        seed=config.seed,
         carry_shapes=memory_shapes(model_config, config.batch),
     )
-    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch_np.items()}
-    batch_sharding = step.batch_shardings(shapes, mesh, rules=partitioning.DEFAULT_RULES)
-    batch = input_pipeline.to_global(batch_np, batch_sharding)
-    run = step.jit_train_step(
-        apply_fn=model.apply,
-        objective=objective,
-        learning_rate_fn=optax.constant_schedule(config.learning_rate),
-        state_shardings=shardings,
-        batch_sharding=batch_sharding,
-        mesh=mesh,
-    )
-    rng = jax.random.PRNGKey(config.seed + 1)
-    return (lambda s: run(s[0], batch, rng)), (state, None)
 
 
 def build_hf_step(config: XLNetStepConfig, hf_model, batch_np):
