@@ -21,12 +21,11 @@ them. Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM,
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 import gin
-from lmsuite.cli import quiet
+from lmsuite.cli import pretrain_report, quiet
 from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables: public API)
     CONFIG_ERROR_EXIT_CODE,
     GIN_DIR,
@@ -387,110 +386,12 @@ def run_pretrain(args):
             f"{baselines.train_targets:,} train-split targets: "
             f"{baselines.unigram_cross_entropy:.4f})"
         )
-    fill_mask_lines = fill_mask_text(kwargs, str(model_dir)) if result.checkpoints else []
+    fill_mask_lines = []
+    if result.checkpoints:
+        fill_mask_lines = pretrain_report.fill_mask_text(kwargs, str(model_dir))
     if fill_mask_lines:
         print("\n".join(fill_mask_lines))
     return result
-
-
-FILL_MASK_SENTENCES = 3  # held-out sentences `lmsuite pretrain` fills in
-FILL_MASK_TOP_K = 3
-# A sentence short enough for one line, long enough to give the word some context.
-_SENTENCE_WORDS = range(8, 17)
-# Candidate words: lowercase (a proper noun is a guess, not a test), between spaces (so the mask
-# replaces exactly the word's "▁word" piece, as the MLM preprocessors mask it).
-_CANDIDATE = re.compile(r"(?<= )[a-z]{4,}(?= )")
-# English function words of four letters or more: not what a fill-mask example should test.
-_FUNCTION_WORDS = frozenset(
-    "about above after against also although among because been before being below between "
-    "both could does doing down during each either every from further have having here however "
-    "into itself many more most much must neither only other over same should since some such "
-    "than that their them themselves then there these they this those through until upon very "
-    "were what when where whether which while whom whose will with within without would".split()
-)
-
-
-def held_out_sentences(corpus_name: str, *, limit: int = 200) -> list[str]:
-    """The sentences of the first validation documents of a corpus, in order (at most
-    `limit`): the held-out text `fill_mask_text` picks from."""
-    from lmsuite.data import corpora
-    from lmsuite.data import text as text_lib
-
-    corpus = corpora.get_corpus(corpus_name)
-    dataset = corpus.source().get_dataset("validation", shuffle=False)
-    for step in getattr(corpus, "preprocessors", ()):  # TFDS records -> corpus features
-        dataset = step(dataset)
-    sentences = []
-    for example in dataset.take(limit).as_numpy_iterator():
-        for paragraph in example["sentences"]:
-            sentences += text_lib.split_sentences(paragraph.decode("utf-8"))
-            if len(sentences) >= limit:
-                return sentences[:limit]
-    return sentences
-
-
-def masked_examples(sentences, *, is_one_piece, n: int, mask_token: str):
-    """(masked sentence, true word) for the first `n` sentences of a usable length that have a
-    candidate word; the word masked is the sentence's longest lowercase content word (the first
-    of equals) that the vocabulary holds as one piece, so one mask stands for the whole word.
-
-    Example: ["It is the capital of a small province in the north of Spain ."] with every
-    word one piece -> [("It is the capital of a small [MASK] in the north of Spain .",
-    "province")]
-    """
-    examples = []
-    for sentence in sentences:
-        if len(sentence.split()) not in _SENTENCE_WORDS:
-            continue
-        matches = [
-            m
-            for m in _CANDIDATE.finditer(sentence)
-            if m.group() not in _FUNCTION_WORDS and is_one_piece(m.group())
-        ]
-        if not matches:
-            continue
-        word = max(matches, key=lambda m: len(m.group()))  # max keeps the first of equals
-        masked = sentence[: word.start()] + mask_token + sentence[word.end() :]
-        examples.append((masked, word.group()))
-        if len(examples) == n:
-            break
-    return examples
-
-
-def fill_mask_text(kwargs: dict, model_dir: str) -> list[str]:
-    """The finished model's top predictions for one masked word in each of a few held-out
-    sentences (none for a model without an MLM head or a task that is not an lmsuite corpus's):
-    what the accuracy figure means, on text one can read."""
-    config = kwargs["model_config"]
-    if config.architecture != "encoder" or "mlm" not in config.heads:
-        return []
-    from lmsuite.data import tasks
-
-    corpus_name = tasks.PRETRAINING_TASKS.get(kwargs["task"], (None,))[0]
-    if corpus_name is None:
-        return []
-    import lmsuite
-
-    model = lmsuite.load(model_dir)
-    vocab = model.vocab
-    examples = masked_examples(
-        held_out_sentences(corpus_name),
-        is_one_piece=lambda word: len(vocab.encode(word, add_special_tokens=False)) == 1,
-        n=FILL_MASK_SENTENCES,
-        mask_token=vocab.mask_token,
-    )
-    if not examples:
-        return []
-    predictions = model.fill_mask([text for text, _ in examples], top_k=FILL_MASK_TOP_K)
-    if len(examples) == 1:  # one text: fill_mask unwraps the list, as HF's pipeline does
-        predictions = [predictions]
-    lines = [
-        f"fill-mask on held-out {corpus_name} sentences (validation split), top {FILL_MASK_TOP_K}:"
-    ]
-    for (text, word), top in zip(examples, predictions, strict=True):
-        guesses = "  ".join(f"{p['token_str'].strip()} {p['score']:.3f}" for p in top)
-        lines += [f"  {text}", f"    true: {word}   predicted: {guesses}"]
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,11 @@ import seqio
 from lmsuite import objectives as losses
 from lmsuite.data import feature_converters as fc
 from lmsuite.data import vocab as vocab_lib
-from lmsuite.data.preprocessors import mass, span_corruption, spanbert, xlnet
+from lmsuite.data.preprocessors import mass, span_corruption, spanbert
 from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.models import ModelConfig
 from lmsuite.objectives import Objective, plm, seq2seq
+from lmsuite.training import recipe_checks
 
 ENCODER_MLM_FEATURES = ("input_ids", "masked_positions", "masked_ids", "masked_weights")
 SEQ2SEQ_METRICS = tuple(
@@ -143,40 +144,6 @@ def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
 def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
     problem = mass.targets_length_problem(lengths)
     return [] if problem is None else [problem]
-
-
-def _xlnet_lengths(length: int) -> dict[str, int]:
-    # The reference's num_predict for seq_len 512 is 85: (L - 3) tokens of A + B, 1 in 6.
-    return {"input_k": length, "target": max(1, round((length - 3) / 6))}
-
-
-def _xlnet_rows(task: str, rows: int) -> str:
-    return xlnet.stream_task(seqio.get_mixture_or_task(task), batch_size=rows).name
-
-
-def _xlnet_model_problems(config: ModelConfig, lengths: Mapping[str, int] | None) -> list[str]:
-    if config.architecture != "xlnet":
-        return []  # the architecture check names it
-    opts, out = config.xlnet, []
-    if opts.mem_len is None:
-        out.append(
-            "the train state carries a fixed memory: set XLNetOptions.mem_len (the reference: "
-            "384 for seq_len 512), got None"
-        )
-    if opts.bi_data:
-        out.append(
-            "XLNetOptions.bi_data = True reads half the batch backwards, but the xlnet_plm data "
-            "has no reversed rows; set XLNetOptions.bi_data = False"
-        )
-    if lengths and "input_k" in lengths:
-        reuse = int(lengths["input_k"]) // 2
-        if opts.reuse_len != reuse:
-            out.append(
-                f"XLNetOptions.reuse_len = {opts.reuse_len}, but the data's windows reuse their "
-                f"first input_k // 2 = {reuse} positions (the next window starts there, so only "
-                f"they belong in the memory); set XLNetOptions.reuse_len = {reuse}"
-            )
-    return out
 
 
 def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> Recipe:
@@ -356,7 +323,7 @@ RECIPES: dict[str, Recipe] = {
             "Transformer-XL memory carried from step to step",
             objectives=("xlnet_plm",),
             length_keys=("input_k", "target"),
-            lengths_for=_xlnet_lengths,
+            lengths_for=recipe_checks.xlnet_lengths,
             task_features=("input_k", "target"),
             converter=lambda pack: fc.PermutationLmFeatureConverter(pack=pack),
             pack=False,
@@ -370,8 +337,8 @@ RECIPES: dict[str, Recipe] = {
             prediction_name="PLM",
             example_model="xlnet_tiny",
             example_bindings=("XLNetOptions.mem_len = 48", "XLNetOptions.reuse_len = 32"),
-            check_model=_xlnet_model_problems,
-            rows_task=_xlnet_rows,
+            check_model=recipe_checks.xlnet_model_problems,
+            rows_task=recipe_checks.xlnet_rows,
             reference="zihangdai/xlnet train_gpu.py, function_builder.two_stream_loss, "
             "modeling.lm_loss",
             differences="a row's memory is reset to zeros (the reference's initial memory) "

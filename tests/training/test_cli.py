@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lmsuite import cli
+from lmsuite.cli import pretrain_report
 
 SMOKE = "--gin_file=experiments/smoke.gin"
 
@@ -157,7 +158,7 @@ def _assert_fill_mask_section(out: str) -> None:
     lines = out.splitlines()
     start = lines.index("fill-mask on held-out wiki_sample sentences (validation split), top 3:")
     section = lines[start + 1 :]
-    assert len(section) == 2 * cli.FILL_MASK_SENTENCES, section
+    assert len(section) == 2 * pretrain_report.FILL_MASK_SENTENCES, section
     validation = " ".join(d.text for d in corpora.get_corpus("wiki_sample").documents("validation"))
     for text, answer in zip(section[::2], section[1::2], strict=True):
         assert text.startswith("  ") and text.count("[MASK]") == 1, text
@@ -177,7 +178,7 @@ def test_fill_mask_masks_the_longest_one_piece_content_word_of_sentences_of_usab
         "It is the capital of a small province in the north of Spain .",
         "One more sentence that is long enough but comes after the first two found .",
     ]
-    examples = cli.masked_examples(
+    examples = pretrain_report.masked_examples(
         sentences, is_one_piece=lambda word: word != "government", n=2, mask_token="[MASK]"
     )
     assert examples == [
@@ -191,7 +192,8 @@ def test_no_fill_mask_lines_for_a_model_without_an_mlm_head():
         cli.parse_args(["train", "--gin_file=experiments/t5_1_1_tiny.gin", "--model_dir=/unused"])
     )
     assert "mlm" not in kwargs["model_config"].heads
-    assert cli.fill_mask_text(kwargs, "/unused") == []  # nothing loaded: /unused is not a run
+    # nothing loaded: /unused is not a run
+    assert pretrain_report.fill_mask_text(kwargs, "/unused") == []
 
 
 def test_config_loads_again_beside_a_directory_named_like_an_include(tmp_path, monkeypatch):

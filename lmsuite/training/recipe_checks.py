@@ -1,0 +1,43 @@
+"""Row-specific checks and layouts of the recipe table (`recipes.py`): what one row needs beyond
+its features and architecture."""
+
+from collections.abc import Mapping
+
+import seqio
+
+from lmsuite.data.preprocessors import xlnet
+from lmsuite.models import ModelConfig
+
+
+def xlnet_lengths(length: int) -> dict[str, int]:
+    # The reference's num_predict for seq_len 512 is 85: (L - 3) tokens of A + B, 1 in 6.
+    return {"input_k": length, "target": max(1, round((length - 3) / 6))}
+
+
+def xlnet_rows(task: str, rows: int) -> str:
+    return xlnet.stream_task(seqio.get_mixture_or_task(task), batch_size=rows).name
+
+
+def xlnet_model_problems(config: ModelConfig, lengths: Mapping[str, int] | None) -> list[str]:
+    if config.architecture != "xlnet":
+        return []  # the architecture check names it
+    opts, out = config.xlnet, []
+    if opts.mem_len is None:
+        out.append(
+            "the train state carries a fixed memory: set XLNetOptions.mem_len (the reference: "
+            "384 for seq_len 512), got None"
+        )
+    if opts.bi_data:
+        out.append(
+            "XLNetOptions.bi_data = True reads half the batch backwards, but the xlnet_plm data "
+            "has no reversed rows; set XLNetOptions.bi_data = False"
+        )
+    if lengths and "input_k" in lengths:
+        reuse = int(lengths["input_k"]) // 2
+        if opts.reuse_len != reuse:
+            out.append(
+                f"XLNetOptions.reuse_len = {opts.reuse_len}, but the data's windows reuse their "
+                f"first input_k // 2 = {reuse} positions (the next window starts there, so only "
+                f"they belong in the memory); set XLNetOptions.reuse_len = {reuse}"
+            )
+    return out
