@@ -5,6 +5,7 @@ the configuration checks are in `config.py`; the commands here).
                 [--gin_search_paths=...] [--task_module=M ...] [--tfds_data_dir=D] [--distributed]
   lmsuite pretrain [--gin_file=experiments/E.gin] [--gin.KEY=VALUE ...] [--model_dir=DIR]
   lmsuite compile --gin_file=F --topology=v4-32 [--mesh=data,fsdp,tensor | auto] [--json]
+  lmsuite eval --model_dir=DIR [--task=T] [--split=S] [--step=N] [--max_batches=K]
   lmsuite recipes list | show NAME
   lmsuite tasks list | show NAME [--task_module=M]
 
@@ -215,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     from lmsuite.cli import compile as compile_command
 
     compile_command.add_parser(commands, _add_gin_flags)
+    from lmsuite.cli import finetune as finetune_command
+
+    finetune_command.add_parser(commands)
+    from lmsuite.cli import eval as eval_command
+
+    eval_command.add_parser(commands)
     verbose_help = "also print TensorFlow's, absl's and XLA's start-up logs (lmsuite/cli/quiet.py)"
     parser.add_argument("--verbose", action="store_true", help=verbose_help)
     for command in commands.choices.values():  # `lmsuite train ... --verbose` too
@@ -386,6 +393,8 @@ def run_pretrain(args):
             f"{baselines.train_targets:,} train-split targets: "
             f"{baselines.unigram_cross_entropy:.4f})"
         )
+    for line in pretrain_report.label_lines(built.recipe, held, held_out):
+        print(line)
     fill_mask_lines = []
     if result.checkpoints:
         fill_mask_lines = pretrain_report.fill_mask_text(kwargs, str(model_dir))

@@ -101,3 +101,27 @@ def fill_mask_text(kwargs: dict, model_dir: str) -> list[str]:
         guesses = "  ".join(f"{p['token_str'].strip()} {p['score']:.3f}" for p in top)
         lines += [f"  {text}", f"    true: {word}   predicted: {guesses}"]
     return lines
+
+
+def label_lines(recipe, held: dict, held_out) -> list[str]:
+    """One line per per-row classification term of `recipe` (NSP, SOP, sentence structure): the
+    held-out accuracy against always the most frequent held-out label, with the binomial
+    probability of doing that well by chance."""
+    from lmsuite.training import report
+
+    lines = []
+    for metric, label in recipe.label_metrics:
+        key = f"eval/{metric}"
+        if key not in held:
+            continue
+        majority, rows = report.label_majority(held_out.as_numpy_iterator(), label=label)
+        if not rows or not 0.0 < majority < 1.0:
+            continue
+        right = round(held[key] * rows)
+        p_value = report.binomial_upper_tail(right, rows, majority)
+        name = metric.removesuffix("_accuracy").replace("_", " ")
+        lines.append(
+            f"held-out {name} accuracy: {held[key]:.4f} over {rows:,} rows (always the most "
+            f"frequent {label}: {majority:.4f}; binomial p = {p_value:.2g})"
+        )
+    return lines

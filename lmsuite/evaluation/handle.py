@@ -6,6 +6,7 @@
   model.fill_mask("Paris is the [MASK] of France.", top_k=5)   # as HF's fill-mask pipeline
   model.score(texts) / model.score(inputs, targets)            # (pseudo-)log-likelihoods
   model.encode(texts)                               # per-token states and a pooled vector
+  model.attention(texts, layer=0)                   # (H, L, L) attention maps per text
   model.generate("Once upon a time", max_new_tokens=20)
   model.save_hf("out/")                             # weights, config.json and tokenizer files
 
@@ -37,6 +38,14 @@ class Encoded:
     hidden: list[np.ndarray]
     pooled: np.ndarray
     input_ids: list[list[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMap:
+    """One text's attention probabilities, (H, L, L): query rows, key columns."""
+
+    tokens: list[str]
+    weights: np.ndarray
 
 
 class NativeForward:
@@ -226,6 +235,39 @@ class LoadedModel:
         hidden = [np.asarray(out["hidden"][b, : len(r)]) for b, r in enumerate(rows)]
         pooled = np.stack([h.mean(axis=0) for h in hidden])
         return Encoded(hidden=hidden, pooled=pooled, input_ids=rows)
+
+    def attention(self, texts: str | Sequence[str], *, layer: int = 0) -> list[AttentionMap]:
+        """Self-attention probabilities of `layer` of the first stack (the encoder; a
+        decoder-only model's decoder), one `AttentionMap` (H, L_i, L_i) per text, as the
+        Transformer computes them (`layers/attention.py` sows them; padding cut off)."""
+        vocab = self._require_vocab("attention")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        rows = [vocab.encode(t) for t in texts]
+        ids, mask, types, _ = self._inputs(rows)
+        kwargs = {"attention_mask": mask} | ({} if types is None else {"token_type_ids": types})
+        if self.config.architecture == "encoder_decoder":
+            kwargs["decoder_input_ids"] = np.zeros((len(rows), 1), np.int32)
+        _, state = Transformer(self.config).apply(
+            {"params": self.params}, ids, **kwargs, mutable=["intermediates"]
+        )
+        stack = next(iter(state["intermediates"].values()), {})
+        key = f"layers_{layer}"
+        sown = stack[key] if key in stack else stack.get("layers_shared")  # ALBERT: one block
+        found = None if sown is None else sown.get("attention", {}).get("attention_weights")
+        if found is None or (key not in stack and layer >= len(found)):
+            raise ValueError(
+                f"no attention weights for layer {layer}: the stack has {sorted(stack)} (a "
+                f"{self.config.architecture} of {self.config.num_layers} layers; DeBERTa's and "
+                "XLNet's attention layers record none)"
+            )
+        probs_BHLM = np.asarray(found[0] if key in stack else found[layer])
+        return [
+            AttentionMap(
+                tokens=[vocab.decode([i]) for i in row],
+                weights=probs_BHLM[b, :, : len(row), : len(row)],
+            )
+            for b, row in enumerate(rows)
+        ]
 
     def generate(self, inputs, *, max_new_tokens: int, **options):
         """`lmsuite.evaluation.decoding.generate` on a text, texts or an id array.

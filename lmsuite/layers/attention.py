@@ -125,6 +125,8 @@ class MultiHeadAttention(nn.Module):
         if bias_BHLM is not None:
             logits_BHLM = add_attention_bias(logits_BHLM, bias_BHLM)
         probs_BHLM = masked_softmax(logits_BHLM, mask).astype(self.dtype)
+        # Kept only when applied with mutable=["intermediates"] (`LoadedModel.attention`).
+        self.sow("intermediates", "attention_weights", probs_BHLM)
         probs_BHLM = nn.Dropout(self.dropout_rate)(probs_BHLM, deterministic=deterministic)
         out_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
         out_BLD = DenseGeneral(

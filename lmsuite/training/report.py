@@ -2,6 +2,7 @@
 
 import functools
 import io
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -263,3 +264,40 @@ def plot_loss_curve(
     fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
     epath.Path(png).write_bytes(image.getvalue())
+
+
+def label_majority(batches: Iterable[Mapping[str, np.ndarray]], *, label: str) -> tuple[float, int]:
+    """(share of the most frequent value of the per-row `label`, number of rows) over batches:
+    the accuracy of a classifier that ignores its input (NSP, SOP: about 1/2; StructBERT's
+    sentence structure: about 1/3). Every row counts, as the loss's denominator counts them.
+
+    >>> label_majority([{"y": np.array([1, 0, 1, 1])}], label="y")
+    (0.75, 4)
+    """
+    counts: np.ndarray = np.zeros(1)
+    for batch in batches:
+        if label not in batch:
+            raise ValueError(f"the batches carry no {label!r}; they have {sorted(batch)}")
+        row = np.bincount(np.asarray(batch[label]).ravel().astype(np.int64))
+        size = max(len(counts), len(row))
+        counts = np.pad(counts, (0, size - len(counts))) + np.pad(row, (0, size - len(row)))
+    total = int(counts.sum())
+    return (float(counts.max() / total) if total else 0.0), total
+
+
+def binomial_upper_tail(successes: int, trials: int, p: float) -> float:
+    """P[X >= successes] for X ~ Binomial(trials, p), summed exactly in log space: the chance
+    that a classifier right with probability p (the majority share) gets this many right.
+
+    >>> round(binomial_upper_tail(9, 10, 0.5), 6)   # (10 + 1) / 2**10
+    0.010742
+    """
+    if not 0 <= successes <= trials or not 0.0 < p < 1.0:
+        raise ValueError(f"need 0 <= successes ({successes}) <= trials ({trials}), 0 < p ({p}) < 1")
+    terms = [
+        math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
+        + k * math.log(p) + (trials - k) * math.log1p(-p)
+        for k in range(successes, trials + 1)
+    ]  # fmt: skip
+    peak = max(terms)
+    return float(min(1.0, math.exp(peak) * sum(math.exp(t - peak) for t in terms)))
