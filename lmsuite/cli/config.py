@@ -71,6 +71,7 @@ def _collect_train_args(**kwargs):
 def register_configurables() -> None:
     """Makes the library functions configurable under stable gin names (idempotent)."""
     from lmsuite.models import ModelConfig, XLNetOptions
+    from lmsuite.models.config import ElectraOptions
     from lmsuite.training import optimizers, recipes, schedules
 
     # Converters and losses are not configurable on their own: a recipe pairs them
@@ -78,6 +79,7 @@ def register_configurables() -> None:
     entries = [
         (ModelConfig, "ModelConfig", "lmsuite.models"),
         (XLNetOptions, "XLNetOptions", "lmsuite.models"),
+        (ElectraOptions, "ElectraOptions", "lmsuite.models"),
         (_collect_train_args, "train", "lmsuite.training"),
         (optimizers.make_optimizer, "make_optimizer", "lmsuite.training"),
         (schedules.make_schedule, "make_schedule", "lmsuite.training"),
@@ -370,12 +372,9 @@ def load_config(args, *, need_data: bool = True, devices: int | None = None) -> 
 def model_config_from_gin(
     gin_files: list[str], bindings: list[str] = (), *, search_paths: list[str] = ()
 ):
-    """The ModelConfig that model gin files (e.g. `models/bert_base.gin`) describe."""
-    from lmsuite.models import ModelConfig, XLNetOptions
-
-    for cls in (ModelConfig, XLNetOptions):
-        if gin.config._REGISTRY.get_match(f"lmsuite.models.{cls.__name__}") is None:
-            gin.external_configurable(cls, name=cls.__name__, module="lmsuite.models")
+    """The ModelConfig that model gin files (e.g. `models/bert_base.gin`) or whole experiment
+    files (`experiments/albert_base.gin`: the run's configurables parse too) describe."""
+    register_configurables()
     gin.clear_config()
     _add_search_paths([*map(Path, search_paths), GIN_DIR])
     files = [str(Path(f).absolute()) if Path(f).is_file() else f for f in gin_files]

@@ -15,7 +15,7 @@ import numpy as np
 
 from lmsuite.convert import common
 from lmsuite.models import ModelConfig, Transformer
-from lmsuite.models.transformer import validate_inputs
+from lmsuite.models.inputs import validate_inputs
 
 
 def _families() -> dict[str, common.Family]:

@@ -12,12 +12,23 @@ rows zeroed). What differs between the two HF classes:
 The MLM head is `cls.predictions` (BERT's, the default `legacy=True`) or, with legacy=False,
 `lm_predictions.lm_head`, which computes the same thing with the tied embeddings; `to_hf`
 always writes the legacy layout.
+
+HF has no enhanced mask decoder, so `config_from_hf` sets deberta_emd_layers=0. To continue
+pretraining a HF checkpoint with it, call `params_from_hf` with
+`config.replace(deberta_emd_layers=2)`: the decoder's absolute-position table is the state's
+`deberta.embeddings.position_embeddings.weight` when present (the released checkpoints keep it;
+HF's loader drops it), else drawn as a fresh model's would be (truncated normal of
+init_stddev, PRNGKey(0)).
+`to_hf` refuses an EMD config: HF's MLM head would read the last layer instead.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lmsuite.convert import common
 from lmsuite.convert.common import heads_bias, heads_in, heads_out, linear_in, take
+from lmsuite.layers.dense import default_kernel_init
 from lmsuite.models import ModelConfig
 
 V1 = "DebertaForMaskedLM"
@@ -138,6 +149,7 @@ def _check_exportable(config: ModelConfig, hf_class: str):
         share_layers="none",
         position_offset=0,
         scale_tied_output=False,
+        deberta_emd_layers=0,
     )
     if config.embed_width != config.d_model:
         needed.update(embedding_projection_first=True, embedding_projection_bias=False)
@@ -322,8 +334,28 @@ def params_from_hf(state, config: ModelConfig, hf_class: str) -> dict:
         hp, ours = f"deberta.encoder.layer.{i}.", f"encoder/layers_{i}"
         _layer_from_hf(state, hp, ours, config, hf_class, out)
     _head_from_hf(state, config, out)
+    if config.deberta_emd_layers:
+        out[_EMD_TABLE] = _emd_table(state, config)
     common.check_consumed(state, "DeBERTa")
     return out
+
+
+_EMD_TABLE = "encoder/enhanced_mask_decoder/position_embedder/embedding"
+_HF_POSITIONS = "deberta.embeddings.position_embeddings.weight"
+
+
+def _emd_table(state, config: ModelConfig) -> np.ndarray:
+    """The EMD's (max_length, D) absolute positions: the checkpoint's, or a fresh draw."""
+    shape = (config.max_length, config.d_model)
+    if _HF_POSITIONS in state:
+        table = take(state, _HF_POSITIONS)
+        if table.shape != shape:
+            raise ValueError(
+                f"{_HF_POSITIONS} is {table.shape}; the enhanced mask decoder needs {shape}"
+            )
+        return table
+    init = default_kernel_init(config.init_stddev)
+    return np.asarray(init(jax.random.PRNGKey(0), shape, jnp.float32))
 
 
 def params_to_hf(flat, config: ModelConfig, hf_class: str) -> dict:

@@ -32,7 +32,8 @@ import numpy as np
 
 from lmsuite.evaluation import beam_search
 from lmsuite.models.config import ModelConfig
-from lmsuite.models.transformer import DECODING_ARCHITECTURES, Transformer, init_cache
+from lmsuite.models.inputs import DECODING_ARCHITECTURES, init_cache
+from lmsuite.models.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,9 @@ class Block(nn.Module):
     `pre_attention_norm`, `pre_cross_attention_norm`, `pre_mlp_norm` (pre-norm) or
     `post_attention_norm`, `post_cross_attention_norm`, `post_mlp_norm` (post-norm).
 
+    `kv_BLD` (post-norm only) gives self-attention separate keys/values, x_BLD being the query
+    states: DeBERTa's enhanced mask decoder (`enhanced_mask_decoder.py`).
+
     With a `cache` ({"attention": kv, "cross_attention": kv}, see `MultiHeadAttention`; the
     cross entry is absent until the encoder output has been projected once) the call returns
     (x_BLD, new cache) and `encoded_BMD` may be None once the cross entry is there.
@@ -70,9 +73,12 @@ class Block(nn.Module):
         attention_kwargs=None,
         cache=None,
         cache_index=None,
+        kv_BLD=None,
     ):
         cfg = self.config
         pre = cfg.norm_position == "pre"
+        if kv_BLD is not None and (pre or cache is not None):
+            raise ValueError("separate keys/values (kv_BLD) need a post-norm block without a cache")
         where = "pre" if pre else "post"
         norm = lambda what: make_norm(
             cfg.norm_type,
@@ -112,7 +118,7 @@ class Block(nn.Module):
                 "attention",
                 lambda h: attention(
                     h,
-                    h,
+                    h if kv_BLD is None else kv_BLD,
                     mask=mask,
                     bias_BHLM=bias_BHLM,
                     deterministic=deterministic,

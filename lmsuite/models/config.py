@@ -69,6 +69,34 @@ class XLNetOptions:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ElectraOptions:
+    """ELECTRA's joint pretraining model (Clark et al. 2020; `lmsuite.models.electra`): the
+    config's sizes are the discriminator's, the generator is derived from them.
+
+    generator_hidden_fraction  the generator's d_model as a fraction of the discriminator's
+                               (the paper: 1/4 small and large, 1/3 base); heads and d_ff scale
+                               with it, layers follow generator_layer_fraction.
+    generator_layer_fraction   the generator's layers as a fraction of the discriminator's (1.0).
+    temperature                the generator's softmax temperature when sampling (1.0).
+    """
+
+    generator_hidden_fraction: float = 0.25
+    generator_layer_fraction: float = 1.0
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        for name in ("generator_hidden_fraction", "generator_layer_fraction"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ValueError(f"ElectraOptions.{name} must lie in (0, 1], got {value!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
+            raise ValueError(f"ElectraOptions.temperature must be > 0, got {self.temperature!r}")
+
+    def replace(self, **changes) -> "ElectraOptions":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Everything that decides parameter shapes and the forward computation.
 
@@ -87,7 +115,9 @@ class ModelConfig:
                        position_buckets (-1: exact distances clamped to +-k; v2/v3 log buckets),
                        share_att_key (positions projected by the content query/key), pos_att_type
                        (subset of c2p, p2c), norm_rel_embeddings (LayerNorm on the relative
-                       table), position_biased_input (also add absolute position embeddings)).
+                       table), position_biased_input (also add absolute position embeddings),
+                       emd_layers (the enhanced mask decoder's passes, `enhanced_mask_decoder.py`;
+                       0: the MLM head reads the last layer, as HF's; the paper pretrains with 2)).
       block            activation (gelu, gelu_tanh, relu, silu, geglu, geglu_tanh, swiglu),
                        norm_type, norm_eps, norm_position ("post" as BERT, "pre" as GPT-2/T5),
                        use_bias, scale_attention (False: T5 folds 1/sqrt(K) into the init).
@@ -106,6 +136,8 @@ class ModelConfig:
                        sizes, activation, norm_eps, dropout, init_stddev, tie_embeddings,
                        output_bias and dtype; its positions are relative sinusoids, so
                        position_type, max_length and type_vocab_size play no part.
+      electra          ElectraOptions: the sizes are the discriminator's, a generator is derived
+                       (`lmsuite.models.electra`); needs heads ("mlm", "rtd").
     """
 
     architecture: str = "encoder"
@@ -133,6 +165,7 @@ class ModelConfig:
     deberta_pos_att_type: tuple[str, ...] = ("c2p", "p2c")
     deberta_norm_rel_embeddings: bool = False
     deberta_position_biased_input: bool = False
+    deberta_emd_layers: int = 0  # enhanced mask decoder passes for the MLM head; 0: off
 
     activation: str = "gelu"
     head_activation: str | None = None  # MLM/RTD transform activation; default: activation
@@ -171,6 +204,7 @@ class ModelConfig:
     dtype: str = "float32"
 
     xlnet: XLNetOptions | None = None
+    electra: ElectraOptions | None = None  # ELECTRA: a joint generator + discriminator
 
     def __post_init__(self):
         self._validate()
@@ -220,6 +254,8 @@ class ModelConfig:
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         if isinstance(fields.get("xlnet"), dict):
             fields["xlnet"] = XLNetOptions(**fields["xlnet"])
+        if isinstance(fields.get("electra"), dict):
+            fields["electra"] = ElectraOptions(**fields["electra"])
         return cls(**fields)
 
     @property
@@ -293,6 +329,7 @@ class ModelConfig:
                 f"deberta_position_buckets must be -1 (none) or >= 2, got "
                 f"{self.deberta_position_buckets}"
             )
+        self._validate_emd()
         max_rel = self.deberta_max_relative_positions
         if max_rel != -1 and max_rel < 1:
             raise ValueError(f"deberta_max_relative_positions must be -1 or >= 1, got {max_rel}")
@@ -303,6 +340,41 @@ class ModelConfig:
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value}")
         self._validate_xlnet()
+        if self.electra is not None and (
+            self.architecture != "encoder" or set(self.heads) != {"mlm", "rtd"}
+        ):
+            raise ValueError(
+                "ModelConfig.electra needs architecture='encoder' and heads=('mlm', 'rtd') (the "
+                f"generator's and the discriminator's), got {self.architecture!r}, {self.heads!r}"
+            )
+
+    def _validate_emd(self):
+        n = self.deberta_emd_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"ModelConfig.deberta_emd_layers must be an int >= 0, got {n!r}")
+        if n == 0:
+            return
+        # The reference decoder (DeBERTa apps/models/masked_language_model.py) exists for the
+        # post-norm, relative-position DeBERTa only; it runs no EMD with position_biased_input.
+        expected = dict(
+            position_type="deberta",
+            deberta_position_biased_input=False,
+            norm_position="post",
+            final_norm=False,
+        )
+        for name, value in expected.items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"deberta_emd_layers={n} needs ModelConfig.{name}={value!r}, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if "mlm" not in self.heads:
+            raise ValueError(f"deberta_emd_layers={n} feeds the mlm head, but heads={self.heads}")
+        if self.num_layers < 2:
+            raise ValueError(
+                f"deberta_emd_layers={n} reads the second-to-last layer: needs num_layers >= 2, "
+                f"got {self.num_layers}"
+            )
 
     def _validate_xlnet(self):
         if self.architecture != "xlnet":

@@ -10,6 +10,7 @@ from lmsuite.layers.norm import make_norm
 from lmsuite.layers.positions import RelativePositionBias
 from lmsuite.models.block import Block, make_attention, make_mlp
 from lmsuite.models.config import ModelConfig
+from lmsuite.models.enhanced_mask_decoder import EnhancedMaskDecoder
 
 
 class Stack(nn.Module):
@@ -19,6 +20,9 @@ class Stack(nn.Module):
     block runs n times (ALBERT); "attention"/"ffn" share `shared_attention` / `shared_mlp`
     between otherwise separate layers. T5 relative positions add `relative_bias`, computed once
     and used by every layer; DeBERTa adds `relative_embeddings`.
+
+    With config.deberta_emd_layers the call returns (x_BLD, mlm_BLD): the MLM head's input from
+    `enhanced_mask_decoder` (the second-to-last layer's output through the last block again).
 
     Cached decoding (causal stacks only): `cache` maps `layers_{i}` (one entry per application,
     also when a block is shared) to that block's cache, the L inputs sit at positions
@@ -99,6 +103,7 @@ class Stack(nn.Module):
             ]
         new_cache = {}
         for i, block in enumerate(blocks):
+            penultimate_BLD = x_BLD
             if cache is None:
                 x_BLD = block(x_BLD, **kwargs)
             else:
@@ -114,6 +119,10 @@ class Stack(nn.Module):
                 name="final_norm",
             )(x_BLD)
             x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
+        if cfg.deberta_emd_layers:
+            emd = EnhancedMaskDecoder(config=cfg, layer=blocks[-1], name="enhanced_mask_decoder")
+            kwargs = dict(mask=mask, attention_kwargs=attention_kwargs, deterministic=deterministic)
+            return x_BLD, emd(penultimate_BLD, position_ids_BL=position_ids_BL, **kwargs)
         return x_BLD if cache is None else (x_BLD, new_cache)
 
 

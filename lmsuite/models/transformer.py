@@ -9,125 +9,30 @@
 
 Parameters live outside the module: `params = Transformer(cfg).init(rng, ids)["params"]`.
 
-Cached decoding passes `cache=init_cache(cfg, ...)` and `cache_index` and reads the updated
+Cached decoding passes `cache=inputs.init_cache(cfg, ...)` and `cache_index` and reads the updated
 cache from the outputs (see `Transformer.__call__`); `lmsuite.evaluation.decoding` drives it.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lmsuite.layers import masks
 from lmsuite.models import span_boundary, stack
 from lmsuite.models.config import ModelConfig
+from lmsuite.models.electra import ElectraPretrainer
 from lmsuite.models.embedder import Embedder, make_token_embedder
 from lmsuite.models.heads import Classifier, ReplacedTokenHead, VocabHead, gather_positions
+from lmsuite.models.inputs import (
+    DECODING_ARCHITECTURES,
+    check_ids,
+    check_length,
+    check_same_shape,
+    refuse_given,
+    validate_inputs,
+)
 from lmsuite.models.stack import Stack
 from lmsuite.models.two_stream import TwoStreamTransformer
-from lmsuite.models.two_stream import validate_inputs as validate_two_stream_inputs
-
-
-def _is_concrete(x) -> bool:
-    return x is not None and not isinstance(x, jax.core.Tracer)
-
-
-def _check_ids(name: str, ids, limit: int):
-    """Rank, dtype and (when the values are known, i.e. outside jit) range of an id array."""
-    if ids.ndim != 2:
-        raise ValueError(f"{name} must be (batch, length), got shape {tuple(ids.shape)}")
-    if not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {ids.dtype}")
-    if _is_concrete(ids) and ids.size:
-        values = np.asarray(ids)
-        lo, hi = int(values.min()), int(values.max())
-        if lo < 0 or hi >= limit:
-            bad = hi if hi >= limit else lo
-            raise ValueError(f"{name} holds id {bad}, outside [0, {limit})")
-
-
-def _check_same_shape(name: str, x, ref_name: str, ref):
-    if x is not None and tuple(x.shape) != tuple(ref.shape):
-        raise ValueError(
-            f"{name} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}"
-        )
-
-
-def _check_length(config: ModelConfig, name: str, length: int):
-    if config.position_type in ("learned", "sinusoidal") and length > config.max_positions:
-        raise ValueError(
-            f"{name} has length {length}, longer than the position table "
-            f"(max_length={config.max_length} - position_offset={config.position_offset} "
-            f"= {config.max_positions} positions)"
-        )
-
-
-def validate_inputs(
-    config: ModelConfig,
-    input_ids,
-    *,
-    token_type_ids=None,
-    position_ids=None,
-    segment_ids=None,
-    prefix_mask=None,
-    decoder_input_ids=None,
-):
-    """Raises ValueError for inputs the model cannot take; id ranges are checked when concrete."""
-    cfg = config
-    if cfg.architecture == "xlnet":
-        others = dict(position_ids=position_ids, segment_ids=segment_ids, prefix_mask=prefix_mask)
-        others["decoder_input_ids"] = decoder_input_ids
-        _refuse_given(others, "architecture='xlnet'")
-        validate_two_stream_inputs(cfg, input_ids, token_type_ids=token_type_ids)
-        return
-    _check_ids("input_ids", input_ids, cfg.vocab_size)
-    _check_length(cfg, "input_ids", input_ids.shape[1])
-    if token_type_ids is not None:
-        if cfg.type_vocab_size == 0:
-            raise ValueError("token_type_ids given, but the config has type_vocab_size=0")
-        _check_ids("token_type_ids", token_type_ids, cfg.type_vocab_size)
-        _check_same_shape("token_type_ids", token_type_ids, "input_ids", input_ids)
-    for name, x in (("position_ids", position_ids), ("segment_ids", segment_ids)):
-        _check_same_shape(name, x, "input_ids", input_ids)
-    if prefix_mask is not None and cfg.architecture != "prefix_lm":
-        raise ValueError(f"prefix_mask is for architecture='prefix_lm', not {cfg.architecture!r}")
-    if cfg.architecture == "prefix_lm" and prefix_mask is None:
-        raise ValueError("architecture='prefix_lm' needs prefix_mask (B, L)")
-
-    if decoder_input_ids is not None:
-        if cfg.architecture != "encoder_decoder":
-            raise ValueError(f"decoder_input_ids given to architecture={cfg.architecture!r}")
-        _check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
-        _check_length(cfg, "decoder_input_ids", decoder_input_ids.shape[1])
-
-
-DECODING_ARCHITECTURES = ("decoder", "prefix_lm", "encoder_decoder")
-
-
-def init_cache(config: ModelConfig, *, batch_size: int, length: int) -> dict:
-    """An empty key/value cache of the decoder stack for `length` positions (`stack.init_cache`).
-
-    An encoder-decoder's first cached call adds each layer's "cross_attention" keys/values of
-    the encoder output; later calls then skip the encoder and take input_ids=None.
-    """
-    if config.architecture not in DECODING_ARCHITECTURES:
-        raise ValueError(
-            f"architecture={config.architecture!r} cannot decode with a cache; expected one of "
-            f"{DECODING_ARCHITECTURES}"
-        )
-    encoder_decoder = config.architecture == "encoder_decoder"
-    return stack.init_cache(
-        config,
-        num_layers=config.decoder_layers if encoder_decoder else config.num_layers,
-        batch_size=batch_size,
-        length=length,
-    )
-
-
-def _refuse_given(inputs: dict, what: str):
-    given = sorted(name for name, x in inputs.items() if x is not None)
-    if given:
-        raise ValueError(f"{what} does not take {given}")
 
 
 class Transformer(nn.Module):
@@ -137,7 +42,9 @@ class Transformer(nn.Module):
     `lm_logits` (B, L, V); `classifier_logits` (B, num_labels); `rtd_logits` (B, L);
     `sbo_logits` (B, P, V) when given the span features (`span_boundary.INPUTS`).
     XLNet: `lm_logits` (B, P, V) at `target_mapping`'s positions, or (B, L, V) without it, and
-    `new_mems` (see `two_stream.TwoStreamTransformer`).
+    `new_mems` (see `two_stream.TwoStreamTransformer`). ModelConfig.electra: the generator's
+    `mlm_logits`, `sampled_ids`, `corrupted_ids` and the discriminator's `rtd_logits` (see
+    `electra.ElectraPretrainer`).
     """
 
     config: ModelConfig
@@ -158,6 +65,7 @@ class Transformer(nn.Module):
         decoder_segment_ids=None,
         cross_attention_mask=None,
         masked_positions=None,
+        masked_weights=None,
         perm_mask=None,
         target_mapping=None,
         mems=None,
@@ -181,6 +89,8 @@ class Transformer(nn.Module):
           cross_attention_mask: (B, L) 1 on the encoder positions the decoder may attend to
             (on top of padding and segments; MASS hides the encoder's [MASK] positions).
           masked_positions: (B, P) positions at which to compute MLM logits.
+          masked_weights: (B, P), ModelConfig.electra only: slots with weight 0 are not
+            replaced by the generator's samples (`electra.ElectraPretrainer`).
           perm_mask, target_mapping, mems: XLNet only, see `TwoStreamTransformer`.
           span_left_positions, span_right_positions, span_offsets: (B, P), aligned with
             masked_positions: the "sbo" head's inputs (`span_boundary.SpanBoundaryHead`).
@@ -210,7 +120,7 @@ class Transformer(nn.Module):
                 target_mapping=target_mapping,
                 mems=mems,
             )
-            _refuse_given(unused, "cached decoding")
+            refuse_given(unused, "cached decoding")
             return self._cached(
                 cache,
                 cache_index,
@@ -235,7 +145,7 @@ class Transformer(nn.Module):
                 cross_attention_mask=cross_attention_mask,
                 masked_positions=masked_positions,
             )
-            _refuse_given(others, "architecture='xlnet'")
+            refuse_given(others, "architecture='xlnet'")
             model = TwoStreamTransformer(config=cfg)
             # The XLNet module's parameters become this module's own: no extra tree level.
             nn.share_scope(self, model)
@@ -246,7 +156,31 @@ class Transformer(nn.Module):
                 deterministic=deterministic,
                 **xlnet_inputs,
             )
-        _refuse_given(xlnet_inputs, f"architecture={cfg.architecture!r}")
+        refuse_given(xlnet_inputs, f"architecture={cfg.architecture!r}")
+        if cfg.electra is not None:  # generator + discriminator, its own module (electra.py)
+            others = span_kwargs | dict(
+                position_ids=position_ids,
+                segment_ids=segment_ids,
+                prefix_mask=prefix_mask,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                decoder_position_ids=decoder_position_ids,
+                decoder_segment_ids=decoder_segment_ids,
+                cross_attention_mask=cross_attention_mask,
+            )
+            refuse_given(others, "ModelConfig.electra")
+            validate_inputs(cfg, input_ids, token_type_ids=token_type_ids)
+            model = ElectraPretrainer(config=cfg)
+            nn.share_scope(self, model)  # its parameters at the top of the tree, as XLNet's
+            return model(
+                input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                masked_positions=masked_positions,
+                masked_weights=masked_weights,
+                deterministic=deterministic,
+            )
+        refuse_given({"masked_weights": masked_weights}, "a model without ModelConfig.electra")
         validate_inputs(
             cfg,
             input_ids,
@@ -303,14 +237,19 @@ class Transformer(nn.Module):
                 causal=causal,
                 name="decoder" if causal else "encoder",
             )(x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic)
+        # DeBERTa's enhanced mask decoder: the stack also returns the MLM head's own input.
+        hidden, mlm_in = hidden if cfg.deberta_emd_layers else (hidden, hidden)
         spans = span_boundary.span_inputs(cfg, span_kwargs, masked_positions)
-        return self._heads(token_embedder, hidden, masked_positions, deterministic, spans)
+        return self._heads(token_embedder, hidden, masked_positions, deterministic, spans, mlm_in)
 
-    def _heads(self, token_embedder, hidden, masked_positions, deterministic, spans=None):
+    def _heads(
+        self, token_embedder, hidden, masked_positions, deterministic, spans=None, mlm_in=None
+    ):
         cfg = self.config
         outputs = {"hidden": hidden}
         if "mlm" in cfg.heads:
-            h = hidden if masked_positions is None else gather_positions(hidden, masked_positions)
+            h = hidden if mlm_in is None else mlm_in
+            h = h if masked_positions is None else gather_positions(h, masked_positions)
             head = VocabHead(
                 config=cfg,
                 token_embedder=token_embedder,
@@ -363,13 +302,13 @@ class Transformer(nn.Module):
         if cfg.architecture == "encoder_decoder":
             if decoder_input_ids is None:
                 raise ValueError("architecture='encoder_decoder' needs decoder_input_ids")
-            _check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
+            check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
             ids, positions = decoder_input_ids, decoder_position_ids
             if "cross_attention" not in cache["layers_0"]:
                 if input_ids is None:
                     raise ValueError("the first cached step of an encoder-decoder needs input_ids")
-                _check_ids("input_ids", input_ids, cfg.vocab_size)
-                _check_length(cfg, "input_ids", input_ids.shape[1])
+                check_ids("input_ids", input_ids, cfg.vocab_size)
+                check_length(cfg, "input_ids", input_ids.shape[1])
                 x = Embedder(config=cfg, token_embedder=token_embedder, name="encoder_embedder")(
                     input_ids, deterministic=deterministic
                 )
@@ -392,7 +331,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"decoder_input_ids given to architecture={cfg.architecture!r}")
             if cfg.architecture == "prefix_lm" and prefix_mask is None:
                 raise ValueError("architecture='prefix_lm' needs prefix_mask (B, M)")
-            _check_ids("input_ids", input_ids, cfg.vocab_size)
+            check_ids("input_ids", input_ids, cfg.vocab_size)
             ids, positions = input_ids, position_ids
             self_mask = stack.cached_causal_mask(
                 ids.shape[1],
@@ -498,7 +437,7 @@ class Transformer(nn.Module):
             prefix_mask=None,
         )
         if cross_attention_mask is not None:
-            _check_same_shape("cross_attention_mask", cross_attention_mask, "input_ids", input_ids)
+            check_same_shape("cross_attention_mask", cross_attention_mask, "input_ids", input_ids)
         cross_mask = masks.combine(
             None if attention_mask is None else masks.padding_mask(attention_mask),
             None if cross_attention_mask is None else masks.padding_mask(cross_attention_mask),

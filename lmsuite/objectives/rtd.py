@@ -38,10 +38,10 @@ def rtd(
 
     A token is "replaced" (label 1) where the two differ, so a generator sample equal to the
     original counts as real, as in ELECTRA. No SeqIO task emits these two features: ELECTRA's
-    step makes them from the MLM features and its generator's samples (the `electra` recipe of
-    the encoder-objectives issue; `lmsuite.training.recipes.DATA_ONLY` says so until then). The
-    loss covers every non-padding token (or `weights` when given) and is scaled by
-    `discriminator_weight` (ELECTRA's lambda = 50).
+    joint model makes them from the MLM features and its generator's samples inside the step
+    (the `electra` recipe trains it with `lmsuite.objectives.electra`). The loss covers every
+    non-padding token (or `weights` when given) and is scaled by `discriminator_weight`
+    (ELECTRA's lambda = 50).
 
     Example: replaced_ids [[2, 9, 7, 3]], original_ids [[2, 8, 7, 3]] -> labels [[0, 1, 0, 0]].
     """

@@ -32,6 +32,8 @@ def format_list() -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if not recipes.DATA_ONLY:
+        return "\n".join(lines)
     lines.append("")
     lines.append("data only (a SeqIO task exists, no recipe trains it yet):")
     width = max(len(d.objective) for d in recipes.DATA_ONLY.values())

@@ -28,8 +28,13 @@ from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import mass, span_corruption, spanbert
 from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.models import ModelConfig
+from lmsuite.models import electra as electra_model
 from lmsuite.objectives import Objective, plm, seq2seq
-from lmsuite.training import recipe_checks
+from lmsuite.objectives import electra as electra_loss
+from lmsuite.objectives import structbert as structbert_loss
+from lmsuite.objectives import unilm as unilm_loss
+from lmsuite.training import recipe_checks, structure_checks
+from lmsuite.training.recipe_types import DataOnly, Recipe
 
 ENCODER_MLM_FEATURES = ("input_ids", "masked_positions", "masked_ids", "masked_weights")
 SEQ2SEQ_METRICS = tuple(
@@ -46,90 +51,6 @@ def _span_corruption_lengths(length: int) -> dict[str, int]:
         "inputs": length,
         "targets": span_corruption.random_spans_helper(inputs_length=length)[1],
     }
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Recipe:
-    """One trainable objective.
-
-    Attributes:
-      name: what `RECIPE` selects.
-      summary: one line for `lmsuite recipes list`.
-      objectives: task objectives (`lmsuite.data.tasks.OBJECTIVES`) this row trains.
-      length_keys: the sequence-length keys the task and converter need.
-      lengths_for: L -> a complete sequence_length for inputs of length L (tests, benchmarks).
-      task_features: features the task's examples must carry (before the converter).
-      converter: (pack) -> the feature converter; `pack` is the default packing.
-      loss: the loss factory (`lmsuite.objectives`); `loss_options` its defaults for this row.
-      loss_features: model features the loss reads (the converter must emit them).
-      architectures, heads: what the model needs (`ModelConfig.architecture` / `.heads`).
-      token_types: "none" (the loss feeds no token types), "optional" (fed only to models with
-        type_vocab_size >= 2; RoBERTa's one type and DeBERTa's none read the rows without them)
-        or "pairs" (two segments: type_vocab_size >= 2).
-      metrics: what each step reports besides loss, grad_norm, ... (the matrix test checks them).
-      prediction_features: (targets, weights) of the batch: what the baselines count.
-      learning_metrics: (accuracy, cross-entropy) metric names compared with the baselines.
-      prediction_name: how the summary names the predictions ("MLM", "target", "LM").
-      example_model: a compatible `gin/models/*_tiny.gin` (+ bindings) for tests and docs.
-      check_lengths: optional sequence_length -> problems specific to this row.
-      check_model: optional (model config, sequence_length or None) -> problems of the model
-        with this row beyond its architecture and heads.
-      rows_task: for tasks whose examples are interleaved rows of streams, (task, rows) -> the
-        task laid out for batches of `rows` rows, read in order
-        (`input_pipeline.process_dataset`); None for every row whose examples stand alone.
-      reference: the paper code this row follows; `differences` what lmsuite does otherwise.
-    """
-
-    name: str
-    summary: str
-    objectives: tuple[str, ...]
-    length_keys: tuple[str, ...]
-    lengths_for: Callable[[int], dict[str, int]]
-    task_features: tuple[str, ...]
-    converter: Callable[..., seqio.FeatureConverter]
-    pack: bool
-    loss: Callable[..., Objective]
-    loss_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    loss_features: tuple[str, ...]
-    architectures: tuple[str, ...]
-    heads: tuple[str, ...]
-    token_types: str = "none"
-    metrics: tuple[str, ...]
-    prediction_features: tuple[str, str] = ("decoder_target_tokens", "decoder_loss_weights")
-    learning_metrics: tuple[str, str] = ("seq2seq_accuracy", "seq2seq_cross_entropy")
-    prediction_name: str = "target"
-    example_model: str
-    example_bindings: tuple[str, ...] = ()
-    check_lengths: Callable[[Mapping[str, int]], list[str]] | None = None
-    check_model: Callable[[ModelConfig, Mapping[str, int] | None], list[str]] | None = None
-    rows_task: Callable[[str, int], str] | None = None
-    reference: str = ""
-    differences: str = ""
-
-    def model_features(self, *, pack: bool) -> set[str]:
-        """The features its converter emits (packing features included when `pack`)."""
-        converter = self.converter(pack=pack)
-        names = set(converter.MODEL_FEATURES)
-        if pack:
-            names |= set(getattr(converter, "PACKING_FEATURE_DTYPES", None) or {})
-        return names
-
-    def can_pack(self) -> bool:
-        try:
-            self.converter(pack=True)
-        except ValueError:
-            return False
-        return True
-
-
-@dataclasses.dataclass(frozen=True)
-class DataOnly:
-    """A task objective whose data exists but that no recipe trains yet, and why."""
-
-    objective: str
-    reason: str
-    converter: Callable[..., seqio.FeatureConverter]
-    lengths_for: Callable[[int], dict[str, int]]
 
 
 def _encoder_mlm(**kwargs) -> Callable[..., seqio.FeatureConverter]:
@@ -192,6 +113,7 @@ def _mlm_row(name, summary, *, objectives, label=None, model="bert_tiny", **kwar
         prediction_features=("masked_ids", "masked_weights"),
         learning_metrics=("mlm_accuracy", "mlm_loss"),
         prediction_name="MLM",
+        label_metrics=() if label is None else (("sentence_accuracy", label),),
         example_model=model,
         **kwargs,
     )
@@ -371,36 +293,105 @@ RECIPES: dict[str, Recipe] = {
             differences="the SBO mean divides by its target count, not count + 1; weights "
             "start truncated normal (the reference: normal)",
         ),
+        Recipe(
+            name="electra",
+            summary="ELECTRA: a small MLM generator fills the masked slots with samples, the "
+            "discriminator detects replaced tokens; one joint step, loss MLM + 50 x RTD",
+            objectives=("electra",),
+            length_keys=("input_ids", "masked_ids"),
+            lengths_for=_mlm_lengths,
+            task_features=ENCODER_MLM_FEATURES,
+            converter=_encoder_mlm(),
+            pack=False,
+            loss=electra_loss.electra,
+            loss_features=ENCODER_MLM_FEATURES + ("input_mask",),
+            architectures=("encoder",),
+            heads=("mlm", "rtd"),
+            token_types="optional",
+            metrics=electra_loss.METRICS,
+            prediction_features=("masked_ids", "masked_weights"),
+            learning_metrics=("mlm_accuracy", "mlm_loss"),
+            prediction_name="MLM",
+            example_model="electra_tiny",
+            check_model=electra_model.recipe_problems,
+            reference="google-research/electra run_pretraining.py (PretrainingModel, "
+            "get_generator_config), pretrain/pretrain_helpers.py (mask, sample_from_softmax), "
+            "configure_pretraining.py",
+            differences=electra_loss.DIFFERENCES,
+        ),
+        Recipe(
+            name="unilm",
+            summary="UniLM: masked LM in one encoder under per-example bidirectional, "
+            "left-to-right, right-to-left or seq2seq attention masks (token types 0..5)",
+            objectives=("unilm",),
+            length_keys=("input_ids", "masked_ids"),
+            lengths_for=_mlm_lengths,
+            task_features=ENCODER_MLM_FEATURES + ("token_type_ids",) + unilm_loss.FEATURES,
+            converter=_encoder_mlm(labels=unilm_loss.FEATURES),
+            pack=False,
+            loss=unilm_loss.unilm_mlm,
+            loss_features=ENCODER_MLM_FEATURES
+            + ("input_mask", "token_type_ids")
+            + unilm_loss.FEATURES,
+            architectures=("encoder",),
+            heads=("mlm",),
+            token_types="pairs",
+            metrics=("mlm_loss", "mlm_accuracy"),
+            prediction_features=("masked_ids", "masked_weights"),
+            learning_metrics=("mlm_accuracy", "mlm_loss"),
+            prediction_name="MLM",
+            example_model="unilm_tiny",
+            check_model=structure_checks.unilm_model_problems,
+            reference="microsoft/unilm unilm-v1/src: biunilm/seq2seq_loader.py (the per-example "
+            "input_mask, --new_segment_ids), pytorch_pretrained_bert/modeling.py",
+            differences="no NSP term for the bidirectional mode (B is always the continuation); "
+            "padding queries see what a token there would (the reference: source keys only); "
+            "trained from scratch, not from BERT-Large",
+        ),
+        Recipe(
+            name="structbert",
+            summary="StructBERT: masked LM + trigram word structure (through the MLM head) + "
+            "3-way sentence structure (next / previous / other document)",
+            objectives=("structbert",),
+            length_keys=("input_ids", "masked_ids"),
+            lengths_for=_mlm_lengths,
+            task_features=ENCODER_MLM_FEATURES
+            + structbert_loss.SHUFFLED_FEATURES
+            + (structbert_loss.SENTENCE_LABEL,),
+            converter=_encoder_mlm(
+                labels=(structbert_loss.SENTENCE_LABEL,),
+                span_features=structbert_loss.SHUFFLED_FEATURES,
+            ),
+            pack=False,
+            loss=structbert_loss.structbert,
+            loss_features=ENCODER_MLM_FEATURES
+            + ("input_mask", "token_type_ids")
+            + structbert_loss.SHUFFLED_FEATURES
+            + (structbert_loss.SENTENCE_LABEL,),
+            architectures=("encoder",),
+            heads=("mlm", "classifier"),
+            token_types="pairs",
+            metrics=tuple(
+                f"{term}_{m}"
+                for term in ("mlm", "word_structure", "sentence")
+                for m in ("loss", "accuracy")
+            ),
+            prediction_features=("masked_ids", "masked_weights"),
+            learning_metrics=("mlm_accuracy", "mlm_loss"),
+            prediction_name="MLM",
+            label_metrics=(("sentence_accuracy", structbert_loss.SENTENCE_LABEL),),
+            example_model="structbert_tiny",
+            check_lengths=structure_checks.structbert_lengths_fit,
+            check_model=structure_checks.structbert_model_problems,
+            reference="Wang et al. 2020 (arXiv 1908.04577) §2.2-2.3 (no pretraining code read)",
+            differences="each term is a mean over its own targets before the sum; the "
+            "shuffled weights travel as int32 through the converter's span features",
+        ),
     ]
 }
 
-DATA_ONLY: dict[str, DataOnly] = {
-    d.objective: d
-    for d in [
-        DataOnly(
-            "structbert",
-            "needs the word-structure loss and the 3-way sentence head (the encoder-objectives "
-            "issue)",
-            _encoder_mlm(labels=("sentence_relation_label",)),
-            _mlm_lengths,
-        ),
-        DataOnly(
-            "electra",
-            "needs one step that trains a generator and a discriminator together; the "
-            "replaced-token labels come from the generator's samples inside that step (the "
-            "encoder-objectives issue)",
-            _encoder_mlm(),
-            _mlm_lengths,
-        ),
-        DataOnly(
-            "unilm",
-            "no model code applies the per-mode attention masks yet, nor reads its six token "
-            "types (0/1, 2, 3, 4/5 per mode: type_vocab_size 6) (the encoder-objectives issue)",
-            _encoder_mlm(labels=("unilm_mode", "source_length")),
-            _mlm_lengths,
-        ),
-    ]
-}
+# Every task objective has a row today; a new objective's data may land here first.
+DATA_ONLY: dict[str, DataOnly] = {}
 
 
 # ------------------------------------------------------------------------------- choosing

@@ -53,6 +53,16 @@ def _new_carry(objective: Objective, outputs) -> Any:
     return None if objective.carry is None else outputs[objective.carry.model_output]
 
 
+def _rngs(rng: jax.Array) -> dict[str, jax.Array]:
+    """The model's rng streams: "dropout", and "sample" for models that sample inside the step
+    (ELECTRA's generator); models without sampling ignore it."""
+    return {"dropout": rng, "sample": jax.random.fold_in(rng, 1)}
+
+
+# Held-out batches draw ELECTRA's replacements with one fixed key, so evaluations compare.
+_EVAL_SAMPLE_SEED = 0
+
+
 def loss_and_grads(
     params: Any,
     batch: Batch,
@@ -66,7 +76,8 @@ def loss_and_grads(
     """(loss, term metrics, gradients, next carry) of the whole batch, accumulated over
     microbatches.
 
-    Microbatch i uses dropout key `fold_in(rng, i)`; without accumulation the key is `rng`.
+    Microbatch i uses dropout key `fold_in(rng, i)`; without accumulation the key is `rng`; the
+    "sample" stream is derived from the same key (`_rngs`).
     `carry` (the objective's carried state, each (B, ...)) is split along the batch with it, so
     row r of the batch always meets row r of the carry.
     """
@@ -77,7 +88,7 @@ def loss_and_grads(
             {"params": params},
             **model_inputs(objective, micro, micro_carry),
             deterministic=False,
-            rngs={"dropout": micro_rng},
+            rngs=_rngs(micro_rng),
         )
         loss, metrics = objective.loss_and_metrics(outputs, micro, denominators)
         return loss, (metrics, _new_carry(objective, outputs))
@@ -246,7 +257,10 @@ def eval_step(
     never the training one: held-out rows continue held-out text.
     """
     outputs = apply_fn(
-        {"params": state.params}, **model_inputs(objective, batch, carry), deterministic=True
+        {"params": state.params},
+        **model_inputs(objective, batch, carry),
+        deterministic=True,
+        rngs={"sample": jax.random.PRNGKey(_EVAL_SAMPLE_SEED)},
     )
     loss, metrics = objective.loss_and_metrics(outputs, batch, objective.denominators(batch))
     return dict(metrics) | {"loss": loss}, _new_carry(objective, outputs)

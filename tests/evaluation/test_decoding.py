@@ -21,7 +21,7 @@ import lmsuite.convert as convert
 from lmsuite.evaluation.decoding import Plan, generate, warp
 from lmsuite.models import ModelConfig, Transformer
 from lmsuite.models.config import XLNetOptions
-from lmsuite.models.transformer import init_cache
+from lmsuite.models.inputs import init_cache
 from tests.convert.perturb import perturb
 
 MAX_NEW = 12

@@ -72,4 +72,9 @@ def test_every_size_file_is_checked():
     families = {"bert", "roberta", "albert", "electra", "gpt2", "t5", "t5_1_1", "bart"}
     families |= {"deberta", "deberta_v3", "xlnet"}
     sizes = {p.stem for p in gin_dir.glob("*.gin")} - families
-    assert sizes == set(SIZES)
+    # Pretraining-only models have no HF class to count against; each builds in its recipe's
+    # matrix test (tests/training/test_recipes.py) instead.
+    no_hf_twin = {"electra_tiny", "unilm_tiny", "structbert_tiny"}
+    assert sizes == set(SIZES) | no_hf_twin
+    for name in no_hf_twin:
+        assert summarize(model_config_from_gin([f"models/{name}.gin"]))["total"] > 0

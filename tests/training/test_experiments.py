@@ -20,12 +20,33 @@ PRODUCTION = {
     "mass_base": "wikipedia/20230601.en:1.0.0",
     "bert_base": "wikipedia/20230601.en:1.0.0",
     "bert_large": "wikipedia/20230601.en:1.0.0",
+    "albert_base": "wikipedia/20230601.en:1.0.0",
+    "albert_large": "wikipedia/20230601.en:1.0.0",
+    "albert_xlarge": "wikipedia/20230601.en:1.0.0",
     "albert_xxlarge": "wikipedia/20230601.en:1.0.0",
+    "roberta_base": "wikipedia/20230601.en:1.0.0",
+    "spanbert_base": "wikipedia/20230601.en:1.0.0",
+    "deberta_base": "wikipedia/20230601.en:1.0.0",
+    "electra_small": "wikipedia/20230601.en:1.0.0",
+    "electra_base": "wikipedia/20230601.en:1.0.0",
+    "structbert_base": "wikipedia/20230601.en:1.0.0",
+    "unilm_base": "wikipedia/20230601.en:1.0.0",
     "xlnet_base": "wikipedia/20230601.en:1.0.0",
     "xlnet_large": "wikipedia/20230601.en:1.0.0",
 }
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny"]
 TINY_OTHERS = ["xlnet_tiny"]
+# Encoder twins: held-out MLM cross-entropy below the unigram, per-row labels above the majority.
+TINY_ENCODERS = [
+    "bert_tiny",
+    "roberta_tiny",
+    "spanbert_tiny",
+    "albert_tiny",
+    "ernie_zh_tiny",
+    "deberta_tiny",
+]
+# Paper-sized runs on an embedded corpus (no TFDS data to prepare): checked like the tiny ones.
+EMBEDDED_PRODUCTION = ["ernie_zh_base"]
 
 
 def _args(name: str, tmp_path, *extra):
@@ -35,9 +56,8 @@ def _args(name: str, tmp_path, *extra):
 
 
 def test_the_issue_lists_every_experiment():
-    assert set(PRODUCTION) | set(TINY_SEQ2SEQ) | set(TINY_OTHERS) | {"default", "smoke"} == set(
-        EXPERIMENTS
-    )
+    listed = set(PRODUCTION) | set(TINY_SEQ2SEQ) | set(TINY_OTHERS) | set(TINY_ENCODERS)
+    assert listed | set(EMBEDDED_PRODUCTION) | {"default", "smoke"} == set(EXPERIMENTS)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -63,7 +83,18 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("t5_small", {"inputs": 512, "targets": 114}, 2048, 1_000_000),
         ("bart_base", {"inputs": 512, "targets": 512}, 8000, 500_000),
         ("bert_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),
+        ("albert_base", {"input_ids": 512, "masked_ids": 20}, 4096, 125_000),
+        ("albert_large", {"input_ids": 512, "masked_ids": 20}, 4096, 125_000),
+        ("albert_xlarge", {"input_ids": 512, "masked_ids": 20}, 4096, 125_000),
         ("albert_xxlarge", {"input_ids": 512, "masked_ids": 20}, 4096, 125_000),
+        ("roberta_base", {"input_ids": 512, "masked_ids": 80}, 8000, 500_000),
+        ("spanbert_base", {"input_ids": 512, "masked_ids": 79}, 256, 2_400_000),
+        ("ernie_zh_base", {"input_ids": 512, "masked_ids": 153}, 128, 1_000_000),
+        ("deberta_base", {"input_ids": 512, "masked_ids": 80}, 2048, 1_000_000),
+        ("electra_small", {"input_ids": 128, "masked_ids": 19}, 128, 1_000_000),
+        ("electra_base", {"input_ids": 512, "masked_ids": 79}, 256, 766_000),
+        ("structbert_base", {"input_ids": 512, "masked_ids": 79}, 1024, 330_000),
+        ("unilm_base", {"input_ids": 512, "masked_ids": 79}, 320, 770_000),
         ("xlnet_base", {"input_k": 512, "target": 85}, 256, 1_000_000),
         ("xlnet_large", {"input_k": 512, "target": 85}, 8192, 500_000),
     ],
@@ -75,6 +106,16 @@ def test_production_settings_are_the_papers(name, lengths, batch, steps, tmp_pat
     kwargs = cli.load_config(_args(name, tmp_path))
     assert kwargs["sequence_length"] == lengths
     assert (kwargs["batch_size"], kwargs["train_steps"]) == (batch, steps)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_info_reads_the_model_the_experiment_trains(name, tmp_path, monkeypatch):
+    """`lmsuite info --gin_file=experiments/NAME.gin` counts the run's own model."""
+    from lmsuite.training import preflight
+
+    monkeypatch.setattr(preflight, "unprepared_tfds", lambda corpus: None)
+    trained = cli.load_config(_args(name, tmp_path))["model_config"]
+    assert cli.model_config_from_gin([f"experiments/{name}.gin"]) == trained
 
 
 def test_pretrain_writes_to_runs_named_after_the_experiment():
@@ -122,6 +163,68 @@ def _learned(out: str, what: str) -> dict[str, float]:
     )
     return dict(accuracy=held_accuracy, majority=majority, cross_entropy=held_entropy,
                 unigram=unigram)  # fmt: skip
+
+
+def _label_results(out: str) -> list[dict[str, float]]:
+    pattern = (
+        r"held-out ([a-z ]+) accuracy: ([\d.]+) over ([\d,]+) rows \(always the most frequent "
+        r"\w+: ([\d.]+); binomial p = ([\d.e+-]+)\)"
+    )
+    return [
+        dict(
+            name=m[0],
+            accuracy=float(m[1]),
+            rows=int(m[2].replace(",", "")),
+            majority=float(m[3]),
+            p=float(m[4]),
+        )  # fmt: skip
+        for m in re.findall(pattern, out)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TINY_ENCODERS)
+def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
+    """Held-out MLM cross-entropy below the train split's unigram cross-entropy of the same
+    held-out targets, and every per-row label (NSP, SOP, ...) above its held-out majority share
+    with binomial p < 0.01."""
+    from lmsuite.training import recipes, report
+
+    code = cli.main(
+        ["pretrain", f"--gin_file=experiments/{name}.gin", f"--model_dir={tmp_path}"]
+        + ["--gin.train.progress_bar=False"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    got = _learned(out, "MLM")
+    assert got["cross_entropy"] < got["unigram"] and got["accuracy"] > got["majority"], out
+    labels = _label_results(out)
+    recipe = recipes.get(json.loads((tmp_path / "run.json").read_text())["recipe"])
+    assert len(labels) == len(recipe.label_metrics), out
+    for label in labels:
+        right = round(label["accuracy"] * label["rows"])
+        p_value = report.binomial_upper_tail(right, label["rows"], label["majority"])
+        assert p_value == pytest.approx(label["p"], rel=0.05, abs=1e-300)
+        assert label["accuracy"] > label["majority"] and p_value < 0.01, out
+    with capsys.disabled():
+        print(json.dumps({name: got | {"labels": labels}}))
+
+
+def test_label_baselines_by_hand():
+    import numpy as np
+
+    from lmsuite.training import report
+
+    assert report.label_majority(
+        [{"y": np.array([0, 1, 1])}, {"y": np.array([2, 1])}], label="y"
+    ) == (0.6, 5)
+    # 8 of 10 right where chance is 1/2: (45 + 10 + 1) / 1024
+    assert report.binomial_upper_tail(8, 10, 0.5) == pytest.approx(56 / 1024)
+    assert report.binomial_upper_tail(0, 10, 0.3) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="successes"):
+        report.binomial_upper_tail(11, 10, 0.5)
+    with pytest.raises(ValueError, match="carry no 'y'"):
+        report.label_majority([{"z": np.array([1])}], label="y")
 
 
 @pytest.mark.slow

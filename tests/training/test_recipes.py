@@ -114,9 +114,13 @@ def test_table_prints_every_row_and_every_data_only_objective(capsys):
     assert recipe_table.format_recipe(recipes.RECIPES["mass"]).count("cross_attention_ignores") == 2
 
 
-def test_unknown_rows_and_loss_options_are_named():
-    with pytest.raises(ValueError, match="unknown recipe 'electra'.*data-only"):
-        recipes.make_recipe(name="electra")
+def test_unknown_rows_and_loss_options_are_named(monkeypatch):
+    with pytest.raises(ValueError, match="unknown recipe 'electr'.*did you mean 'electra'"):
+        recipes.make_recipe(name="electr")
+    pending = recipes.DataOnly("pending", "needs a loss", None, None)
+    monkeypatch.setitem(recipes.DATA_ONLY, "pending", pending)
+    with pytest.raises(ValueError, match="unknown recipe 'pending'.*data-only: needs a loss"):
+        recipes.make_recipe(name="pending")
     with pytest.raises(ValueError, match=r"\['z_los'\].*expected some of .*'z_loss'"):
         recipes.make_recipe(name="t5_span_corruption", loss_options={"z_los": 0.0})
     with pytest.raises(ValueError, match="cannot pack"):

@@ -1,0 +1,98 @@
+"""The row types of the recipe table (`recipes.py`): `Recipe`, one trainable objective, and
+`DataOnly`, an objective whose data exists but that nothing trains yet."""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import seqio
+
+from lmsuite.models import ModelConfig
+from lmsuite.objectives import Objective
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """One trainable objective.
+
+    Attributes:
+      name: what `RECIPE` selects.
+      summary: one line for `lmsuite recipes list`.
+      objectives: task objectives (`lmsuite.data.tasks.OBJECTIVES`) this row trains.
+      length_keys: the sequence-length keys the task and converter need.
+      lengths_for: L -> a complete sequence_length for inputs of length L (tests, benchmarks).
+      task_features: features the task's examples must carry (before the converter).
+      converter: (pack) -> the feature converter; `pack` is the default packing.
+      loss: the loss factory (`lmsuite.objectives`); `loss_options` its defaults for this row.
+      loss_features: model features the loss reads (the converter must emit them).
+      architectures, heads: what the model needs (`ModelConfig.architecture` / `.heads`).
+      token_types: "none" (the loss feeds no token types), "optional" (fed only to models with
+        type_vocab_size >= 2; RoBERTa's one type and DeBERTa's none read the rows without them)
+        or "pairs" (two segments: type_vocab_size >= 2).
+      metrics: what each step reports besides loss, grad_norm, ... (the matrix test checks them).
+      prediction_features: (targets, weights) of the batch: what the baselines count.
+      learning_metrics: (accuracy, cross-entropy) metric names compared with the baselines.
+      prediction_name: how the summary names the predictions ("MLM", "target", "LM").
+      label_metrics: (accuracy metric, label feature) of each per-row classification term (NSP,
+        SOP, ...): `lmsuite pretrain` compares the accuracy with the held-out majority label.
+      example_model: a compatible `gin/models/*_tiny.gin` (+ bindings) for tests and docs.
+      check_lengths: optional sequence_length -> problems specific to this row.
+      check_model: optional (model config, sequence_length or None) -> problems of the model
+        with this row beyond its architecture and heads.
+      rows_task: for tasks whose examples are interleaved rows of streams, (task, rows) -> the
+        task laid out for batches of `rows` rows, read in order
+        (`input_pipeline.process_dataset`); None for every row whose examples stand alone.
+      reference: the paper code this row follows; `differences` what lmsuite does otherwise.
+    """
+
+    name: str
+    summary: str
+    objectives: tuple[str, ...]
+    length_keys: tuple[str, ...]
+    lengths_for: Callable[[int], dict[str, int]]
+    task_features: tuple[str, ...]
+    converter: Callable[..., seqio.FeatureConverter]
+    pack: bool
+    loss: Callable[..., Objective]
+    loss_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    loss_features: tuple[str, ...]
+    architectures: tuple[str, ...]
+    heads: tuple[str, ...]
+    token_types: str = "none"
+    metrics: tuple[str, ...]
+    prediction_features: tuple[str, str] = ("decoder_target_tokens", "decoder_loss_weights")
+    learning_metrics: tuple[str, str] = ("seq2seq_accuracy", "seq2seq_cross_entropy")
+    prediction_name: str = "target"
+    label_metrics: tuple[tuple[str, str], ...] = ()
+    example_model: str
+    example_bindings: tuple[str, ...] = ()
+    check_lengths: Callable[[Mapping[str, int]], list[str]] | None = None
+    check_model: Callable[[ModelConfig, Mapping[str, int] | None], list[str]] | None = None
+    rows_task: Callable[[str, int], str] | None = None
+    reference: str = ""
+    differences: str = ""
+
+    def model_features(self, *, pack: bool) -> set[str]:
+        """The features its converter emits (packing features included when `pack`)."""
+        converter = self.converter(pack=pack)
+        names = set(converter.MODEL_FEATURES)
+        if pack:
+            names |= set(getattr(converter, "PACKING_FEATURE_DTYPES", None) or {})
+        return names
+
+    def can_pack(self) -> bool:
+        try:
+            self.converter(pack=True)
+        except ValueError:
+            return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOnly:
+    """A task objective whose data exists but that no recipe trains yet, and why."""
+
+    objective: str
+    reason: str
+    converter: Callable[..., seqio.FeatureConverter]
+    lengths_for: Callable[[int], dict[str, int]]
