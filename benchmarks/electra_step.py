@@ -19,7 +19,6 @@ and by the process's CPU time. Tokens are batch x seq per step.
 """
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import jax
 
 # The sibling protocol module, and lmsuite itself when the checkout is not pip-installed.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from lmsuite_step import resident_step  # noqa: E402
+from lmsuite_step import print_medians, resident_step  # noqa: E402
 from step_protocol import (  # noqa: E402
     StepConfig,
     add_config_flags,
@@ -135,17 +134,13 @@ def main():
 
     print(f"\nconfig: {config}, generator_fraction {args.generator_fraction}")
     print(f"jax {jax.__version__}; {args.rounds} rounds of {args.steps_per_round} steps, medians")
-    for clock, unit in (("seconds", "s"), ("cpu_seconds", "CPU-s")):
-        print(f"by {'wall' if clock == 'seconds' else 'CPU'} time:")
-        medians = {}
-        for name, rounds in times.items():
-            t = medians[name] = statistics.median(x[clock] for x in rounds)
-            print(
-                f"  {name:8s} {config.tokens_per_step / t:8.0f} tokens/{unit:5s} "
-                f"{t * 1e3:7.0f} ms/step"
-            )
-        ratio = medians["MLM"] / medians["ELECTRA"]
-        print(f"  ratio ELECTRA / MLM tokens/s = {ratio:.2f}")
+    print_medians(
+        times,
+        tokens_per_step=config.tokens_per_step,
+        side="ELECTRA",
+        against="MLM",
+        label="ELECTRA / MLM tokens/s",
+    )
 
 
 if __name__ == "__main__":

@@ -50,3 +50,20 @@ def resident_step(
     )
     rng = jax.random.PRNGKey(seed + 1)
     return (lambda s: run(s[0], batch, rng)), (state, None)
+
+
+def print_medians(times, *, tokens_per_step: int, side: str, against: str, label: str) -> float:
+    """Median tokens/s and ms/step of each entry of `times` by wall and CPU time, then the ratio
+    of `side`'s tokens/s to `against`'s, printed with `label`; returns the CPU-time ratio."""
+    import statistics
+
+    ratio = float("nan")
+    for clock, unit in (("seconds", "s"), ("cpu_seconds", "CPU-s")):
+        print(f"by {'wall' if clock == 'seconds' else 'CPU'} time:")
+        medians = {}
+        for name, rounds in times.items():
+            t = medians[name] = statistics.median(x[clock] for x in rounds)
+            print(f"  {name:8s} {tokens_per_step / t:8.0f} tokens/{unit:5s} {t * 1e3:7.0f} ms/step")
+        ratio = medians[against] / medians[side]
+        print(f"  ratio {label} = {ratio:.2f}")
+    return ratio

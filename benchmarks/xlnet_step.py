@@ -35,7 +35,6 @@ import argparse
 import dataclasses
 import os
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ import numpy as np
 
 # The sibling protocol module, and lmsuite itself when the checkout is not pip-installed.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from lmsuite_step import resident_step  # noqa: E402
+from lmsuite_step import print_medians, resident_step  # noqa: E402
 from step_protocol import time_steps  # noqa: E402
 
 from lmsuite import cli  # noqa: E402
@@ -348,17 +347,13 @@ def main():
         f"torch {torch.__version__}; {args.rounds} rounds of {args.steps_per_round} steps, "
         "medians over rounds"
     )
-    for clock, unit in (("seconds", "s"), ("cpu_seconds", "CPU-s")):
-        print(f"by {'wall' if clock == 'seconds' else 'CPU'} time:")
-        medians = {}
-        for name, rounds in times.items():
-            t = medians[name] = statistics.median(x[clock] for x in rounds)
-            print(
-                f"  {name:8s} {config.tokens_per_step / t:8.0f} tokens/{unit:5s} "
-                f"{t * 1e3:7.0f} ms/step"
-            )
-        ratio = medians["HF torch"] / medians["lmsuite"]
-        print(f"  ratio lmsuite / HF = {ratio:.2f} (target >= 1.5)")
+    print_medians(
+        times,
+        tokens_per_step=config.tokens_per_step,
+        side="lmsuite",
+        against="HF torch",
+        label="lmsuite / HF (target >= 1.5)",
+    )
 
 
 if __name__ == "__main__":
