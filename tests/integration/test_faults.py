@@ -85,6 +85,8 @@ def xlnet_reference(tmp_path_factory):
     return model_dir, losses
 
 
+# slow: the fast suite keeps the BERT kill -9 resume and XLNet's memory dependence
+@pytest.mark.slow
 def test_kill_9_and_resume_xlnet_with_its_memory_is_bitwise(xlnet_reference, tmp_path):
     """Killed after a checkpoint (step >= 11), the resumed run restores the memory from it; a
     memory restarted from zeros would change every later loss."""

@@ -105,6 +105,8 @@ def _kill_one_process_and_relaunch(pod_losses, model_dir: Path, seed: int):
     assert resumed == pod_losses, f"process 1 killed after step {kill_after}"
 
 
+# slow: the fast suite keeps the two-process losses and test_faults' single-process kill -9 resume
+@pytest.mark.slow
 def test_killing_one_process_then_relaunching_resumes_bitwise(pod_losses, tmp_path):
     _kill_one_process_and_relaunch(pod_losses, tmp_path / "trial0", seed=0)
 

@@ -134,6 +134,8 @@ def test_candidate_meshes_divide_the_batch_and_the_heads():
     assert (16, 1, 1) not in meshes  # batch 8 cannot split 16 ways
 
 
+# slow: the fast suite keeps the compile CLI's table and serialized executable
+@pytest.mark.slow
 def test_compile_cli_auto_lists_fitting_meshes_first(capsys):
     code = cli.main(["compile", "--gin_file=experiments/smoke.gin", "--topology=v4-8",
                      "--mesh=auto", "--json"])  # fmt: skip

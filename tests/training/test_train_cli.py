@@ -78,6 +78,8 @@ def test_nan_before_any_checkpoint_says_there_is_none(capsys, tmp_path):
     assert "last good checkpoint is step 0" not in err
 
 
+# slow: a 100-step timing check, meaningless on a loaded machine
+@pytest.mark.slow
 def test_logged_rates_are_steady_to_the_last_step(capsys, tmp_path):
     """A 100-step run logging every step once read 5,108 steps/s (and MFU 6.9) at its last step:
     each window ended when the host read a step, which lags the step by the host's own work."""
@@ -249,6 +251,8 @@ def test_tasks_list_sees_a_task_module(capsys, task_module):
     assert "my_loud_span_corruption" in capsys.readouterr().out.splitlines()
 
 
+# slow: the fast suite keeps a user's --task_module training with an existing recipe
+@pytest.mark.slow
 def test_a_gin_import_line_registers_the_task_too(capsys, tmp_path, task_module):
     gin_file = tmp_path / "mine.gin"
     gin_file.write_text(f"import {task_module}\n")
