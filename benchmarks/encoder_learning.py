@@ -31,9 +31,11 @@ EXPERIMENTS = (
 )
 _MLM = re.compile(r"held-out MLM cross-entropy: ([\d.]+) nats \(unigram .*: ([\d.]+)\)")
 _ACC = re.compile(r"held-out MLM accuracy: ([\d.]+) \(always .*: ([\d.]+)\)")
+# Per-row labels ("over N rows (always the most frequent label") and ELECTRA's RTD ("over N
+# tokens (always the larger class").
 _LABEL = re.compile(
-    r"held-out ([a-z ]+) accuracy: ([\d.]+) over ([\d,]+) rows \(always the most frequent \w+: "
-    r"([\d.]+); binomial p = ([\d.e+-]+)\)"
+    r"held-out ([a-z ]+) accuracy: ([\d.]+) over ([\d,]+) (?:rows|tokens) \(always the "
+    r"(?:most frequent \w+|larger class): ([\d.]+); binomial p = ([\d.e+-]+)\)"
 )
 
 

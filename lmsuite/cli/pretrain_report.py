@@ -124,4 +124,23 @@ def label_lines(recipe, held: dict, held_out) -> list[str]:
             f"held-out {name} accuracy: {held[key]:.4f} over {rows:,} rows (always the most "
             f"frequent {label}: {majority:.4f}; binomial p = {p_value:.2g})"
         )
+    if "eval/rtd_accuracy" in held and "eval/replaced_fraction" in held:
+        lines.append(_rtd_line(held, held_out))
     return lines
+
+
+def _rtd_line(held: dict, held_out) -> str:
+    """ELECTRA's replaced-token detection against always answering the larger class (usually
+    "real": 1 - the replaced share). The tokens of a row are not independent draws, so the
+    binomial p over tokens is optimistic; it still separates "at the prior" from "learnt"."""
+    from lmsuite.training import report
+
+    tokens = sum(int(batch["input_mask"].sum()) for batch in held_out.as_numpy_iterator())
+    share = held["eval/replaced_fraction"]
+    majority = max(share, 1.0 - share)
+    right = min(tokens, round(held["eval/rtd_accuracy"] * tokens))
+    p_value = report.binomial_upper_tail(right, tokens, majority)
+    return (
+        f"held-out rtd accuracy: {held['eval/rtd_accuracy']:.4f} over {tokens:,} tokens (always "
+        f"the larger class: {majority:.4f}; binomial p = {p_value:.2g})"
+    )

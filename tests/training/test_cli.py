@@ -211,3 +211,20 @@ def test_config_loads_again_beside_a_directory_named_like_an_include(tmp_path, m
     first = cli.load_config(args)
     second = cli.load_config(args)
     assert first["train_steps"] == second["train_steps"] == 30
+
+
+def test_the_rtd_line_counts_held_out_tokens_against_the_larger_class():
+    from lmsuite.training import recipes, report
+
+    class HeldOut:
+        def as_numpy_iterator(self):
+            yield {"input_mask": np.array([[1, 1, 1, 0], [1, 1, 0, 0]])}
+            yield {"input_mask": np.array([[1, 1, 1, 1], [1, 0, 0, 0]])}
+
+    held = {"eval/rtd_accuracy": 0.9, "eval/replaced_fraction": 0.2}
+    (line,) = pretrain_report.label_lines(recipes.get("electra"), held, HeldOut())
+    p = report.binomial_upper_tail(9, 10, 0.8)  # 10 real tokens, 9 right, always-real 0.8
+    assert line == (
+        f"held-out rtd accuracy: 0.9000 over 10 tokens (always the larger class: 0.8000; "
+        f"binomial p = {p:.2g})"
+    )

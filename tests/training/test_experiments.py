@@ -216,11 +216,17 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
         p_value = report.binomial_upper_tail(right, label["rows"], label["majority"])
         assert p_value == pytest.approx(label["p"], rel=0.05, abs=1e-300)
         learnt.append(label["accuracy"] > label["majority"] and p_value < 0.01)
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
-    final = [r for r in records if "eval/loss" in r][-1]
-    if "eval/rtd_accuracy" in final:  # always "real" scores 1 - the replaced share
-        share = final["eval/replaced_fraction"]
-        learnt.append(final["eval/rtd_accuracy"] > max(share, 1 - share))
+    rtd = re.findall(
+        r"held-out rtd accuracy: ([\d.]+) over ([\d,]+) tokens \(always the larger class: "
+        r"([\d.]+); binomial p = ([\d.e+-]+)\)",
+        out,
+    )
+    assert len(rtd) == ("rtd_accuracy" in recipe.metrics), out
+    for accuracy, tokens, majority, p in rtd:  # always "real" scores 1 - the replaced share
+        n = int(tokens.replace(",", ""))
+        p_value = report.binomial_upper_tail(round(float(accuracy) * n), n, float(majority))
+        assert p_value == pytest.approx(float(p), rel=0.05, abs=1e-300)
+        learnt.append(float(accuracy) > float(majority) and p_value < 0.01)
     with capsys.disabled():
         print(json.dumps({name: got | {"labels": labels}}))
     if name in AUXILIARY_NOT_LEARNT and not all(learnt):
