@@ -51,6 +51,7 @@ bench: $(STAMP) $(PEERS_STAMP)
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/seq2seq_step.py --peer_python=$(PEERS)/bin/python
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/xlnet_step.py
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/electra_step.py
+	JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/objective_statistics.py
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/data_pipeline.py --peer_python=$(PEERS)/bin/python
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/train_loop.py --gin_file=experiments/t5_1_1_tiny.gin
