@@ -48,14 +48,11 @@ TINY_ENCODERS = [
     "structbert_tiny",
     "unilm_tiny",
 ]
-# Measured 2026-12-01 and 02 (README): their MLM learns, their auxiliary task does not pass.
+# Measured 2026-12-01 and 02 (README): its MLM learns, its auxiliary task stays at its prior.
 AUXILIARY_NOT_LEARNT = {
     "albert_tiny": "SOP stays at chance (0.496 vs 0.504 over 256 rows; also at 4,000 steps, at "
     "lr 2e-2, and with bert_tiny's AdamW): the 106-article corpus holds too little order signal "
     "(README)",
-    "electra_tiny": "RTD loss below the prior and accuracy above always-real, but not reliably at "
-    "p < 0.01 (1 device: p = 0.0004; 8 devices: p = 0.43, and 0.037 at 4,000 steps; README); with "
-    "ELECTRA's absolute positions it stayed at the prior through 12,000 steps",
 }
 # Paper-sized runs on an embedded corpus (no TFDS data to prepare): checked like the tiny ones.
 EMBEDDED_PRODUCTION = ["ernie_zh_base"]
