@@ -48,7 +48,6 @@ TINY_ENCODERS = [
     "structbert_tiny",
     "unilm_tiny",
 ]
-# Measured 2026-12-01 and 02 (README): its MLM learns, its auxiliary task stays at its prior.
 # Twins whose auxiliary label may stay at chance (an expected failure, with the reason); none now:
 # albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
 AUXILIARY_NOT_LEARNT: dict[str, str] = {}
