@@ -1,5 +1,8 @@
 # lmsuite's entry points. Every target creates .venv when it is missing and installs into it.
-PYTHON ?= python3.11
+# The suite runs on the newest supported Python (Colab's); the peers' pins need 3.11.
+PYTHON_VERSION ?= 3.13
+PYTHON ?= $(shell .ci/find_python $(PYTHON_VERSION))
+PEERS_PYTHON ?= $(shell .ci/find_python 3.11)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -12,15 +15,16 @@ PEERS_STAMP := $(PEERS)/.installed
 HOST_MALLOC := MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=67108864
 TEST_ENV := JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
 ARGS ?=
-# `make pretrain EXPERIMENT=t5_1_1_tiny` runs gin/experiments/t5_1_1_tiny.gin (model dir runs/<name>).
+# `make pretrain EXPERIMENT=t5_1_1_tiny` runs lmsuite/gin/experiments/t5_1_1_tiny.gin (model dir runs/<name>).
 EXPERIMENT ?= default
 
-.PHONY: install test test-all bench pretrain lint format clean parity
+.PHONY: install test test-all bench pretrain lint format clean parity lock
 
-$(STAMP): setup.cfg pyproject.toml
+# The exact versions of constraints.txt (`make lock` rewrites it from fresh resolutions).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -41,7 +45,7 @@ format: $(STAMP)
 
 # Peers whose pins conflict with ours (HF's Flax BERT needs transformers 4.57.x) live in their own venv.
 $(PEERS_STAMP): benchmarks/peers-requirements.txt
-	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	test -x $(PEERS)/bin/python || $(PEERS_PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
 	$(PEERS)/bin/python -m pip install --quiet -r benchmarks/peers-requirements.txt
 	touch $(PEERS_STAMP)
@@ -68,3 +72,15 @@ parity: $(STAMP)
 	rm -f .parity.jsonl
 	LMSUITE_PARITY_LOG=$(CURDIR)/.parity.jsonl $(TEST_ENV) $(PY) -m pytest -q -p no:randomly tests/convert
 	$(PY) benchmarks/parity_table.py .parity.jsonl
+
+# Re-resolves pyproject.toml's ranges on each supported Python in fresh venvs and writes the
+# exact versions to constraints.txt (review the diff; the suite must pass on the new pins).
+lock:
+	set -e; for v in 3.11 3.12 3.13; do \
+	  rm -rf build/lock-$$v; $$(.ci/find_python $$v) -m venv build/lock-$$v; \
+	  build/lock-$$v/bin/pip install --quiet --upgrade pip; \
+	  build/lock-$$v/bin/pip install --quiet '.[test]'; \
+	  build/lock-$$v/bin/pip freeze --exclude lmsuite > build/freeze-py$$v.txt; \
+	done
+	$(shell .ci/find_python 3.13) .ci/lock.py constraints.txt build/freeze-py3.11.txt build/freeze-py3.12.txt build/freeze-py3.13.txt
+	rm -rf build/lock-3.11 build/lock-3.12 build/lock-3.13

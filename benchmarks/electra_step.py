@@ -6,7 +6,7 @@ step on the discriminator's config, side by side in one process.
 Both sides are the step `lmsuite train` runs (`resident_step`: `create_sharded_state` and
 `jit_train_step` on a one-device mesh, the state donated) on the same seeded MLM batch
 (`step_protocol.make_batch`: full rows, two segments, P = round(0.15 L) predictions). The MLM
-side is an encoder with the MLM head at the discriminator's sizes (`gin/models/
+side is an encoder with the MLM head at the discriminator's sizes (`lmsuite/gin/models/
 electra_small_discriminator.gin` with the flags' sizes, E = 128), trained by `objectives.mlm`;
 the ELECTRA side is the same discriminator joined by a generator of `--generator_fraction` its
 width (`ModelConfig.electra`), trained by the `electra` recipe's loss (MLM + 50 x RTD). The

@@ -8,7 +8,7 @@ Both sides run forward, backward and Adafactor on the same seeded batch
 (`step_protocol.make_seq2seq_batch`) at the same config (default 4 encoder + 4 decoder layers,
 D=256, H=4 x K=64, gated-GELU F=1024, V=32128, relative positions 32 buckets / distance 128,
 inputs 512, targets 114, batch 8, no dropout). lmsuite's side is the step `lmsuite train`
-runs: the model from `gin/models/t5_1_1.gin`, the `t5_span_corruption` recipe's objective
+runs: the model from `lmsuite/gin/models/t5_1_1.gin`, the `t5_span_corruption` recipe's objective
 (T5X's cross-entropy with z-loss 1e-4), `make_optimizer(name="adafactor", clip_norm=None)`,
 `train_state.create_sharded_state` and `step.jit_train_step` on a one-device mesh, fed SeqIO's
 unpacked `EncDecFeatureConverter` features. The peer (`peer_flax_t5.py`, its own process and
@@ -66,7 +66,7 @@ PEER_SCRIPT = Path(__file__).resolve().parent / "peer_flax_t5.py"
 
 
 def model_config(config: Seq2SeqConfig):
-    """lmsuite's T5 1.1 (`gin/models/t5_1_1.gin`) at the benchmark's sizes."""
+    """lmsuite's T5 1.1 (`lmsuite/gin/models/t5_1_1.gin`) at the benchmark's sizes."""
     bindings = {
         "d_model": config.d_model,
         "num_heads": config.num_heads,

@@ -6,7 +6,7 @@ side by side in one process.
 Both sides train the same model from the same weights on the same seeded batch (default 4
 layers, D=256, H=4 x K=64, F=1024, V=32000, seq 256, mem_len = reuse_len = 128, 42 predictions,
 batch 8, attn_type "bi", untie_r, no dropout, float32). lmsuite's side is the step `lmsuite train`
-runs: the model from `gin/models/xlnet.gin`, `plm.permutation_lm()` (its memory in
+runs: the model from `lmsuite/gin/models/xlnet.gin`, `plm.permutation_lm()` (its memory in
 `state.carry`), `make_optimizer(name="adamw")` with clipping at 1.0, `create_sharded_state` and
 `jit_train_step` on a one-device mesh, the state donated. HF's side is the usual torch loop:
 forward with `labels` and `use_mems=True`, backward, `clip_grad_norm_(1.0)`, `torch.optim.AdamW`
@@ -117,7 +117,7 @@ def make_batch(config: XLNetStepConfig) -> dict[str, np.ndarray]:
 
 
 def gin_model_config(config: XLNetStepConfig):
-    """lmsuite's XLNet (`gin/models/xlnet.gin`) at the benchmark's sizes, without dropout."""
+    """lmsuite's XLNet (`models/xlnet.gin`) at the benchmark's sizes, without dropout."""
     bindings = {
         "ModelConfig.d_model": config.d_model,
         "ModelConfig.num_heads": config.num_heads,
@@ -235,7 +235,7 @@ def check_same_config(ours, converted) -> None:
     }
     if diff:
         raise ValueError(
-            f"gin/models/xlnet.gin at the benchmark's sizes differs from HF's converted config "
+            f"models/xlnet.gin at the benchmark's sizes differs from HF's converted config "
             f"in {diff} (gin, HF); expected the same model on both sides"
         )
 

@@ -32,7 +32,7 @@ def add_parser(commands, gin_flags) -> None:
     parser = commands.add_parser(
         "compile",
         help="compile the train step for a TPU slice on this CPU host: per-chip memory, fits or "
-        "not, projected step time and MFU (needs pip install -e '.[tpu]')",
+        "not, projected step time and MFU (needs pip install 'lmsuite[tpu]')",
     )
     gin_flags(parser, model_dir="")
     parser.add_argument(

@@ -15,9 +15,8 @@ import sys
 import traceback
 from pathlib import Path
 
-import gin.config_parser as gin_parser
-
 import gin
+import gin.config_parser as gin_parser
 
 
 def _no_accelerator_here() -> bool:
@@ -40,7 +39,7 @@ def _no_accelerator_here() -> bool:
 if "JAX_PLATFORMS" not in os.environ and _no_accelerator_here():
     os.environ["JAX_PLATFORMS"] = "cpu"
 
-GIN_DIR = Path(__file__).resolve().parents[2] / "gin"
+GIN_DIR = Path(__file__).resolve().parents[1] / "gin"
 
 
 class _QuietSearchMisses(logging.Filter):
@@ -161,11 +160,13 @@ def _guard_gin_package_lookup() -> None:
 
 
 def _add_search_paths(paths: list[Path]) -> None:
-    """Adds the gin search paths (after the working directory, which gin always tries first)."""
+    """Makes gin search the working directory, then `paths` in their order (the user's folders,
+    lmsuite's own last), for this parse: a folder an earlier call added (a notebook that
+    trains twice) must not come before them."""
     _guard_gin_package_lookup()
-    for path in paths:
-        if str(path) not in gin.config._LOCATION_PREFIXES:
-            gin.add_config_file_search_path(str(path))
+    prefixes = gin.config._LOCATION_PREFIXES  # gin keeps them for the process, in order
+    wanted = [str(p) for p in paths]
+    prefixes[:] = [""] + wanted + [p for p in prefixes if p not in ("", *wanted)]
 
 
 def static_problems(
@@ -235,7 +236,11 @@ def static_problems(
     for name in gin_files:
         path = _find_file(name, search_paths)
         if path is None:
-            problems.append(f"gin file {name!r} not found in . or {[str(p) for p in search_paths]}")
+            folders = [os.getcwd(), *(str(p) for p in search_paths)]
+            problems.append(
+                f"gin file {name!r} not found in {folders} (the working directory, "
+                f"--gin_search_paths, then lmsuite's own gin files)"
+            )
         else:
             scan(path.read_text(), str(path))
     for i, binding in enumerate(bindings):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lmsuite import extras
 from lmsuite import partitioning as P
 from lmsuite.evaluation import finetune, squad
 from lmsuite.layers.dense import DenseGeneral, default_kernel_init
@@ -93,8 +94,7 @@ def qa_from_hf(hf_model) -> QAModel:
     from lmsuite.convert import bert, common
 
     if isinstance(hf_model, str):
-        import transformers
-
+        transformers = extras.require("transformers", feature="reading a HF QA model")
         hf_model = transformers.BertForQuestionAnswering.from_pretrained(hf_model)
     if type(hf_model).__name__ != HF_QA_CLASS:
         raise ValueError(f"qa_from_hf converts {HF_QA_CLASS}, got {type(hf_model).__name__}")

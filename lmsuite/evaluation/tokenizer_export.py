@@ -24,6 +24,8 @@ import re
 
 import numpy as np
 
+from lmsuite import extras
+
 # The HF roles of the lmsuite special pieces (lmsuite.data.vocab's id layout).
 _LMSUITE_ROLES = {
     "pad_token": "[PAD]",
@@ -108,6 +110,7 @@ class SentencePieceText:
 
     def tokenizers_tokenizer(self):
         """The vocabulary as a `tokenizers.Tokenizer` with the same pieces, ids and specials."""
+        extras.require("transformers", feature="tokenizer export")
         from tokenizers import AddedToken, processors
         from transformers.convert_slow_tokenizer import SpmConverter
 
@@ -167,7 +170,7 @@ class TokenizersText:
     """
 
     def __init__(self, tokenizer, *, roles: dict[str, str], clean_up_tokenization_spaces=False):
-        from tokenizers import Tokenizer
+        Tokenizer = extras.require("tokenizers", feature="a HF tokenizer").Tokenizer
 
         self.tokenizer = Tokenizer.from_str(tokenizer.to_str())
         self.tokenizer.no_padding()
@@ -181,7 +184,7 @@ class TokenizersText:
     @classmethod
     def from_dir(cls, path: str) -> "TokenizersText":
         """From a HF directory's tokenizer.json (+ tokenizer_config / special_tokens_map)."""
-        from tokenizers import Tokenizer
+        Tokenizer = extras.require("tokenizers", feature="a HF tokenizer").Tokenizer
 
         file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(file):
@@ -256,7 +259,8 @@ def _clean_up(text: str) -> str:
 
 def write_hf_tokenizer(tokenizer, roles: dict[str, str], out_dir: str) -> list[str]:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json for `tokenizer`."""
-    from transformers import PreTrainedTokenizerFast
+    transformers = extras.require("transformers", feature="tokenizer export")
+    PreTrainedTokenizerFast = transformers.PreTrainedTokenizerFast
 
     os.makedirs(out_dir, exist_ok=True)
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **roles)

@@ -249,7 +249,7 @@ def recipe_problems(config: ModelConfig, lengths=None) -> list[str]:
     if config.electra is None:
         return [
             "the electra recipe trains a generator and a discriminator together: set "
-            "ModelConfig.electra = @ElectraOptions() (e.g. gin/models/electra_tiny.gin)"
+            "ModelConfig.electra = @ElectraOptions() (e.g. lmsuite/gin/models/electra_tiny.gin)"
         ]
     try:
         _check(config)

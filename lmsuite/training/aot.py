@@ -122,7 +122,7 @@ def slice_devices(accelerator: str) -> tuple[jax.Device, ...]:
         raise RuntimeError(
             f"cannot describe {accelerator} ({slice_.topology_name}) with this libtpu: "
             f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
-            ". `lmsuite compile` needs libtpu on the CPU host: pip install -e '.[tpu]'"
+            ". `lmsuite compile` needs libtpu on the CPU host: pip install 'lmsuite[tpu]'"
         ) from error
     devices = tuple(topology.devices)
     if len(devices) != slice_.num_devices:

@@ -60,12 +60,29 @@ class DamagedCheckpointError(ValueError):
 
 
 def absolute(path: str | epath.PathLike) -> epath.Path:
-    """A local path made absolute; a gs:// (or other URI) path as it is.
+    """A local path with `~` expanded, made absolute; a gs:// (or other URI) path as it is.
 
-    epath's own `absolute()` would turn gs://bucket/run into $PWD/gs:/bucket/run.
+    Orbax refuses relative paths, and epath's own `absolute()` would turn gs://bucket/run into
+    $PWD/gs:/bucket/run.
     """
-    path = epath.Path(path)
-    return path if "://" in str(path) else path.absolute()
+    if "://" in str(path):
+        return epath.Path(path)
+    return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+def run_directory(path: str | epath.PathLike, *, flag: str = "model_dir") -> str:
+    """`absolute(path)` as a string, refusing a regular file (a run is a directory).
+
+    Raises:
+      ValueError: naming the flag and the file, when `path` is an existing regular file.
+    """
+    resolved = absolute(path)
+    if "://" not in str(resolved) and os.path.isfile(resolved):
+        raise ValueError(
+            f"{flag} {os.fspath(path)!r} is a file ({resolved}); expected a run directory "
+            "(the folder `lmsuite train --model_dir` wrote: run.json, checkpoints/)"
+        )
+    return str(resolved)
 
 
 def _files(step_dir: epath.Path) -> dict[str, int]:

@@ -62,7 +62,7 @@ def format_recipe(recipe: recipes.Recipe) -> str:
         f"  loss reads:        {', '.join(recipe.loss_features)}",
         f"  metrics:           {', '.join(recipe.metrics)}",
         f"  model:             architecture {' or '.join(recipe.architectures)}, heads "
-        f"{list(recipe.heads)} (e.g. gin/models/{recipe.example_model}.gin"
+        f"{list(recipe.heads)} (e.g. lmsuite/gin/models/{recipe.example_model}.gin"
         + (f" + {'; '.join(recipe.example_bindings)}" if recipe.example_bindings else "")
         + ")",
         f"  reference:         {recipe.reference}",

@@ -35,7 +35,7 @@ class Recipe:
       prediction_name: how the summary names the predictions ("MLM", "target", "LM").
       label_metrics: (accuracy metric, label feature) of each per-row classification term (NSP,
         SOP, ...): `lmsuite pretrain` compares the accuracy with the held-out majority label.
-      example_model: a compatible `gin/models/*_tiny.gin` (+ bindings) for tests and docs.
+      example_model: a compatible `lmsuite/gin/models/*_tiny.gin` (+ bindings) for tests and docs.
       check_lengths: optional sequence_length -> problems specific to this row.
       check_model: optional (model config, sequence_length or None) -> problems of the model
         with this row beyond its architecture and heads.

@@ -3,7 +3,7 @@
 A row names the task objectives it accepts (`lmsuite.data.tasks.OBJECTIVES`, or any task whose
 examples carry the row's features), the sequence-length keys, the feature converter, the loss with
 the features it reads, and the architectures and heads the model needs. Gin picks a row by name
-(`RECIPE = 't5_span_corruption'`, `train.recipe = @make_recipe()` in `gin/runs/pretrain.gin`),
+(`RECIPE = 't5_span_corruption'`, `train.recipe = @make_recipe()` in `runs/pretrain.gin`),
 `lmsuite train` checks the run against it before anything compiles (`preflight`), and
 `tests/training/test_recipes.py` trains every row for two steps through the CLI. Objectives that
 have data but no trainable recipe yet are listed in `DATA_ONLY`, each with the reason, so nothing

@@ -1,4 +1,4 @@
-"""Runs `lmsuite train` on gin/experiments/smoke.gin in a subprocess, for the fault tests."""
+"""Runs `lmsuite train` on experiments/smoke.gin in a subprocess, for the fault tests."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Fault tests on gin/experiments/smoke.gin (30 steps, checkpoint every 10, every step logged).
+"""Fault tests on experiments/smoke.gin (30 steps, checkpoint every 10, every step logged).
 
 A resumed run must log, step for step, bitwise the losses of an uninterrupted run: that holds
 only if the state, the optimizer, the dropout keys and the data position all resume exactly.

@@ -17,7 +17,7 @@ from lmsuite.models import ModelConfig, Transformer
 from tests.convert.parity import assert_close, make_inputs
 
 TABLE = "encoder/enhanced_mask_decoder/position_embedder/embedding"
-# The tiny DeBERTa of gin/models/deberta_tiny.gin, smaller still, with the decoder on.
+# The tiny DeBERTa of lmsuite/gin/models/deberta_tiny.gin, smaller still, with the decoder on.
 EMD = ModelConfig(
     vocab_size=61,
     d_model=16,

@@ -1,4 +1,4 @@
-"""Every published size in gin/models/ has exactly the parameter count of its HF twin.
+"""Every published size in lmsuite/gin/models/ has exactly the parameter count of its HF twin.
 
 The HF model is built on torch's meta device from the config our converter writes for
 `to_hf`, so the comparison is against HF's own module code, not a typed-in number.
@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from lmsuite import cli
 from lmsuite.cli import model_config_from_gin
 from lmsuite.convert import registry
 from lmsuite.models.summary import summarize
@@ -68,7 +69,7 @@ def test_parameter_count_equals_hf(name):
 def test_every_size_file_is_checked():
     import pathlib
 
-    gin_dir = pathlib.Path(__file__).parents[2] / "gin" / "models"
+    gin_dir = pathlib.Path(cli.GIN_DIR) / "models"
     families = {"bert", "roberta", "albert", "electra", "gpt2", "t5", "t5_1_1", "bart"}
     families |= {"deberta", "deberta_v3", "xlnet"}
     sizes = {p.stem for p in gin_dir.glob("*.gin")} - families

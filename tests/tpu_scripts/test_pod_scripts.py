@@ -267,11 +267,47 @@ def test_setup_runs_on_every_worker(env):
         f"git clone --quiet {POD['REPO_URL']}",
         "git fetch --quiet origin v1.2",
         "git checkout --quiet --detach FETCH_HEAD",
-        "python3.11 -m venv .venv",
-        ".venv/bin/pip install --quiet -e '.[tpu]'",
+        "$py -m venv .venv",
+        ".venv/bin/pip install --quiet -c constraints.txt -e '.[tpu]'",
     ]
     positions = [next(i for i, step in enumerate(steps) if part in step) for part in in_order]
     assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize(
+    ("on_path", "chosen"),
+    [
+        ({"python3": "3.10"}, ""),  # Ubuntu 22.04's image: too old; apt's python3.11 follows
+        ({"python3": "3.10", "python3.12": "3.12"}, "python3.12"),
+        ({"python3": "3.12", "python3.11": "3.11"}, "python3"),  # Ubuntu 24.04: the image's own
+        ({"python3": "3.14", "python3.13": "3.13"}, "python3.13"),
+    ],
+)
+def test_setup_picks_the_images_python_when_lmsuite_supports_it(env, tmp_path, on_path, chosen):
+    """The worker's interpreter choice, run in sh with fake interpreters that report a version
+    the way the real check asks (sys.version_info)."""
+    (ssh,) = commands(run("setup.sh", env, "--dry-run", **POD))
+    command = flags(ssh)["--command"]
+    end = "py=python3.11; fi"
+    choose = command[command.index("py=$(") : command.index(end) + len(end)]
+    bin_dir = tmp_path / "bin"
+    for name, version in on_path.items():
+        major, minor = version.split(".")
+        fake = f"import sys; sys.version_info = ({major}, {minor}, 0); exec(sys.argv[2])"
+        _executable(bin_dir / name, f'#!/bin/sh\nexec {sys.executable} -c "{fake}" "$@"\n')
+    fake_apt = tmp_path / "apt"
+    _executable(bin_dir / "sudo", f'#!/bin/sh\necho "$@" >> {fake_apt}\n')
+    script = choose + '; echo "chosen=$py"'
+    # Only the fakes on PATH: the machine's own python3.x must not be found.
+    done = subprocess.run(["/bin/sh", "-c", script], env={"PATH": str(bin_dir)},
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    if chosen:
+        assert done.stdout.strip() == f"chosen={chosen}"
+        assert not fake_apt.exists()
+    else:
+        assert done.stdout.strip() == "chosen=python3.11"
+        assert "install -y python3.11 python3.11-venv" in fake_apt.read_text()
 
 
 def test_launch_detaches_records_status_and_keeps_gin_quotes(env, tmp_path):

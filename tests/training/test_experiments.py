@@ -1,4 +1,4 @@
-"""gin/experiments: every file passes every check `lmsuite train` makes before compiling; the
+"""experiments/*.gin: every file passes every check `lmsuite train` makes before compiling; the
 production ones stop only at their TFDS data, which is not prepared here; the seq2seq tiny twins
 learn (slow: a few minutes each), beating the unigram and majority baselines on held-out targets."""
 
@@ -128,7 +128,7 @@ def test_pretrain_writes_to_runs_named_after_the_experiment():
     assert cli.parse_args(["pretrain"]).model_dir == "runs/default"
     args = cli.parse_args(["pretrain", "--gin_file=experiments/t5_1_1_tiny.gin"])
     assert args.model_dir == "runs/t5_1_1_tiny"
-    makefile = (Path(cli.GIN_DIR).parent / "Makefile").read_text()
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     assert "--gin_file=experiments/$(EXPERIMENT).gin" in makefile
 
 

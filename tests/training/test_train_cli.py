@@ -45,7 +45,7 @@ def _t5(*extra):
 
 # ------------------------------------------------------------------ the fresh-clone findings
 def test_a_model_vocabulary_smaller_than_the_tasks_is_refused_naming_both(capsys, tmp_path):
-    # Every gin/models/*_tiny.gin has vocab_size 512; the wiki_sample tasks emit 8,100 ids.
+    # Every lmsuite/gin/models/*_tiny.gin has vocab_size 512; the wiki_sample tasks emit 8,100 ids.
     errors, _ = _fails(
         capsys,
         tmp_path,
