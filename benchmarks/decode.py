@@ -99,7 +99,7 @@ def main():
     import jax
     import numpy as np
 
-    from lmsuite.convert import to_hf
+    from lmsuite.convert import TokenIds, to_hf
     from lmsuite.evaluation.decoding import generate
     from lmsuite.models import ModelConfig, Transformer
 
@@ -144,7 +144,9 @@ def main():
     cached, cached_tokens = ours(True)
     uncached, uncached_tokens = ours(False)
     with tempfile.TemporaryDirectory() as model_dir:
-        to_hf(config, params, model_dir, hf_class="GPT2LMHeadModel")
+        # A random model over no vocabulary: no EOS, so both sides run max_new_tokens.
+        no_eos = TokenIds(eos=None, bos=None)
+        to_hf(config, params, model_dir, hf_class="GPT2LMHeadModel", special_ids=no_eos)
         flags = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("peer_python", "serve")]
         flags = [f for f in flags if not f.startswith("--model_dir")] + [f"--model_dir={model_dir}"]
         peer = subprocess.Popen(

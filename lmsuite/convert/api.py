@@ -3,16 +3,19 @@
 model = from_hf(hf_model_or_dir)      # .config, .params, .logits(...) == HF's .logits
 model.logits_and_mems(...)             # XLNet: (HF's .logits, HF's .mems)
 to_hf(config, params, out_dir)         # safetensors + config.json that transformers loads
+to_hf(config, params, out_dir, special_ids=vocab.special_ids(v))   # another vocabulary's ids
 """
 
 import dataclasses
 import json
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from lmsuite import extras
 from lmsuite.convert import common
 from lmsuite.models import ModelConfig, Transformer
 from lmsuite.models.inputs import validate_inputs
@@ -93,15 +96,8 @@ def _np(x):
     return np.asarray(x)
 
 
-def _import_transformers():
-    try:
-        import transformers
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "lmsuite.convert needs `transformers` (and torch to read checkpoints): "
-            "pip install -e '.[test]'"
-        ) from e
-    return transformers
+def _import_transformers(feature: str = "HF import/export"):
+    return extras.require("transformers", feature=feature)
 
 
 def _state_dict(hf_model) -> dict[str, np.ndarray]:
@@ -145,10 +141,81 @@ def infer_hf_class(config: ModelConfig) -> str:
     return registry.infer_hf_class(config)
 
 
-def to_hf(config: ModelConfig, params, out_dir: str, *, hf_class: str | None = None) -> str:
-    """Writes `model.safetensors` + `config.json` that `transformers` loads; returns out_dir."""
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+    """The special ids an export names in config.json and generation_config.json.
+
+    Any object with `eos`, `bos` and `pad` attributes does as well, e.g.
+    `lmsuite.data.vocab.special_ids(vocab)`. `pad` None: the model's own ModelConfig.pad_id;
+    given, it must be that id (RoBERTa's positions and BART's decoder shift read it).
+    """
+
+    eos: int | Sequence[int] | None
+    bos: int | None
+    pad: int | None = None
+
+
+# lmsuite.data.vocab's layout: <s> 5, </s> 6 (convert may not import data; a test pins them).
+LMSUITE_TOKEN_IDS = TokenIds(eos=6, bos=5)
+# The generation options to_hf writes from `special_ids` and the ModelConfig, not `generation`.
+_ID_OPTIONS = ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def _checked_ids(special_ids, config: ModelConfig) -> dict[str, Any]:
+    """{HF id option: id} for config.json and generation_config.json, each id checked."""
+    missing = [a for a in ("eos", "bos", "pad") if not hasattr(special_ids, a)]
+    if missing:
+        raise ValueError(
+            f"special_ids needs attributes eos, bos and pad (a TokenIds or a vocabulary's "
+            f"SpecialIds); {special_ids!r} lacks {missing}"
+        )
+    pad = special_ids.pad
+    if pad is not None and pad != config.pad_id:
+        raise ValueError(
+            f"special_ids.pad={pad} differs from ModelConfig.pad_id={config.pad_id}, the id the "
+            "model pads with: export with a vocabulary whose pad id is the model's"
+        )
+    ids = {"eos_token_id": special_ids.eos, "bos_token_id": special_ids.bos}
+    ids["pad_token_id"] = config.pad_id
+    if config.architecture == "encoder_decoder":
+        ids["decoder_start_token_id"] = config.decoder_start_id
+    for name, value in ids.items():
+        values = value if isinstance(value, Sequence) else [value]
+        if not all(v is None or 0 <= v < config.vocab_size for v in values):
+            raise ValueError(f"{name}={value!r} is not an id of the {config.vocab_size} tokens")
+    if isinstance(ids["eos_token_id"], Sequence):
+        ids["eos_token_id"] = list(ids["eos_token_id"])
+    return ids
+
+
+def to_hf(
+    config: ModelConfig,
+    params,
+    out_dir: str,
+    *,
+    hf_class: str | None = None,
+    special_ids=None,
+    generation: Mapping[str, Any] | None = None,
+) -> str:
+    """Writes model.safetensors, config.json and, for a class that generates,
+    generation_config.json, that `transformers` loads; returns out_dir.
+
+    config.json holds the vocabulary's special ids and the head's true tying, so that HF's
+    `generate` stops at the vocabulary's EOS and keeps an untied head its own.
+
+    Args:
+      hf_class: the HF class to write (None: `infer_hf_class`).
+      special_ids: the vocabulary's EOS, BOS and pad ids (`TokenIds`, or
+        `lmsuite.data.vocab.special_ids(vocab)`); None: lmsuite's vocabulary layout
+        (`LMSUITE_TOKEN_IDS`), right for every lmsuite run, wrong for a model converted from
+        a HF vocabulary (pass its ids). The pad and decoder start ids are the ModelConfig's.
+      generation: further HF generation options for generation_config.json (e.g. a HF
+        checkpoint's num_beams); unset ones stay HF's defaults, as `generate` uses them for an
+        lmsuite run.
+    """
     from safetensors.numpy import save_file
 
+    transformers = _import_transformers("HF export (to_hf)")  # the HF config classes
     families = _families()
     hf_class = hf_class or infer_hf_class(config)
     if hf_class not in families:
@@ -156,8 +223,27 @@ def to_hf(config: ModelConfig, params, out_dir: str, *, hf_class: str | None = N
     family = families[hf_class]
     flat = common.flatten(params)
     common.check_params(config, flat)
+    generation = dict(generation or {})
+    clashes = sorted(set(generation) & set(_ID_OPTIONS))
+    if clashes:
+        raise ValueError(f"generation= may not set {clashes}: they come from special_ids")
+    ids = _checked_ids(LMSUITE_TOKEN_IDS if special_ids is None else special_ids, config)
     hf_config = family.config_to_hf(config, hf_class)
     hf_config.architectures = [hf_class]
+    for name, value in ids.items():
+        setattr(hf_config, name, value)
+    # BART's config carries forced_eos_token_id=2 (BART's EOS); config.json says what
+    # generation_config.json says.
+    for name in ("forced_bos_token_id", "forced_eos_token_id"):
+        if hasattr(hf_config, name):
+            setattr(hf_config, name, generation.get(name))
+    json_fields = family.config_json(config) if family.config_json else {}
+    tied = json_fields.get("tie_word_embeddings", hf_config.tie_word_embeddings)
+    if tied and not config.tie_embeddings:
+        raise ValueError(
+            f"{hf_class}'s config says tie_word_embeddings=True for an untied head: HF would "
+            "replace the head's weights with the embeddings"
+        )
     state = family.params_to_hf(flat, config, hf_class)
     os.makedirs(out_dir, exist_ok=True)
     save_file(
@@ -166,4 +252,13 @@ def to_hf(config: ModelConfig, params, out_dir: str, *, hf_class: str | None = N
         metadata={"format": "pt"},
     )
     hf_config.save_pretrained(out_dir)
+    if json_fields:
+        path = os.path.join(out_dir, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        with open(path, "w") as f:
+            json.dump(saved | json_fields, f, indent=2, sort_keys=True)
+            f.write("\n")
+    if getattr(transformers, hf_class).can_generate():
+        transformers.GenerationConfig(**ids, **generation).save_pretrained(out_dir)
     return out_dir

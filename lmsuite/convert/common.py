@@ -41,6 +41,8 @@ class Family:
     hf_logits(outputs_dict, hf_class) -> the array HF's `.logits` holds
     extra_inputs: further HF keyword inputs the family takes (XLNet: perm_mask, mems, ...)
     hf_mems(outputs_dict, hf_class) -> what HF's `.mems` holds, for families with a memory
+    config_json(config) -> config.json fields `to_hf` writes over what the HF config class
+        saves, for a class that rewrites a value it was given (T5's tie_word_embeddings)
     """
 
     name: str
@@ -53,6 +55,7 @@ class Family:
     hf_logits: Callable
     extra_inputs: tuple[str, ...] = ()
     hf_mems: Callable | None = None
+    config_json: Callable | None = None
 
 
 def mlm_logits(outputs, hf_class: str):

@@ -8,7 +8,11 @@ layer; lmsuite keeps it once per stack as `relative_bias`.
 HF 5.24 decides the output scaling by `config.scale_decoder_outputs` (what `tie_word_embeddings`
 meant in older configs) and unties `lm_head` from `shared` only when a checkpoint holds
 different values for them. lmsuite maps scale_decoder_outputs=True to a tied, D**-0.5-scaled
-head (T5 1.0) and False to an untied head (T5 1.1).
+head (T5 1.0) and False to an untied head (T5 1.1). T5Config sets tie_word_embeddings=True
+whatever it is given (the tables of a model it builds stay shared), so `config_json` writes the
+head's true tying into config.json afterwards: a reader that ties by that key (transformers
+before 5) would otherwise replace an untied head with the embeddings. A tied but unscaled
+lmsuite head has no T5 form; it is written as an untied head holding a copy of the table.
 """
 
 import numpy as np
@@ -129,10 +133,18 @@ def config_to_hf(config: ModelConfig, hf_class: str):
         feed_forward_proj=_TO_FEED_FORWARD[config.activation],
         pad_token_id=config.pad_id,
         decoder_start_token_id=config.decoder_start_id,
-        # HF 5.24 reads this as "scale the decoder output"; the head stays untied whenever
-        # the checkpoint's lm_head differs from the shared table.
-        tie_word_embeddings=config.tie_embeddings and config.scale_tied_output,
+        # HF 5.24 reads this as "scale the decoder output" and then sets the attribute True.
+        tie_word_embeddings=_tied(config),
     )
+
+
+def _tied(config: ModelConfig) -> bool:
+    return config.tie_embeddings and config.scale_tied_output
+
+
+def config_json(config: ModelConfig) -> dict:
+    """`Family.config_json`: the head's tying, which T5Config rewrites to True."""
+    return {"tie_word_embeddings": _tied(config)}
 
 
 # ------------------------------------------------------------------------------ weights
@@ -261,4 +273,5 @@ FAMILY = common.Family(
     params_to_hf=params_to_hf,
     model_inputs=model_inputs,
     hf_logits=common.lm_logits,
+    config_json=config_json,
 )

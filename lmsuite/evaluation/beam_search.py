@@ -13,12 +13,16 @@ running beam can still beat a finished one (HF's heuristic: the best running sco
 the current length for early_stopping=False; by the longest possible length for "never" with
 a positive length_penalty), when every finished slot is full with early_stopping=True, or when
 every continuation has stopped. HF's arithmetic is kept, its -1e9 penalties added in float32
-included, since they decide ties between the finished slots.
+included, since they decide ties between the finished slots. The logits processors
+(`logits_processing.process`: n-gram bans, minimum length, forced tokens) and, when sampling, the
+warpers run on the log-softmax scores before they join the running scores, as in HF.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from lmsuite.evaluation.logits_processing import process, warp
 
 PENALTY = -1.0e9  # HF's score for "not a candidate"
 
@@ -51,7 +55,7 @@ def _gather(x_BK, index_BJ):
     return jnp.take_along_axis(x_BK, index, axis=1)
 
 
-def search(plan, steps, params, tokens_NT, rng, *, warp):
+def search(plan, steps, params, tokens_NT, rng):
     """(best row per example (B, T), its generated length (B,)): one prefill + while_loop."""
     beams, total, prompt = plan.num_beams, plan.total_length, plan.prompt_length
     batch = tokens_NT.shape[0] // beams
@@ -65,6 +69,9 @@ def search(plan, steps, params, tokens_NT, rng, *, warp):
         cur_len = carry["cur_len"]
         vocab = logits_NV.shape[-1]
         log_probs_NV = jax.nn.log_softmax(logits_NV, axis=-1)
+        # HF runs the processors on log-probabilities here: a forced token scores 0.
+        running_NT = carry["running"].reshape(batch * beams, total)
+        log_probs_NV = process(plan, running_NT, cur_len, log_probs_NV)
         if plan.do_sample:
             log_probs_NV = warp(plan, log_probs_NV, min_keep=max(2, 1 + num_eos))
         log_probs_BW = (

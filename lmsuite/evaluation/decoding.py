@@ -3,13 +3,15 @@
     tokens = generate(config, params, input_ids=ids, max_new_tokens=20, num_beams=3,
                       eos_token_id=2, pad_token_id=0)
 
-The same arguments given to HF's `model.generate` (transformers 5.x, with its other generation
-options neutral: no min length, repetition penalty, forced BOS/EOS tokens, ...) give the same
-array: decoder-only models return prompt + new tokens, encoder-decoders return decoder start +
-new tokens; rows that stop early are padded with `pad_token_id` (greedy, sampling) or with
-HF's fill value (beam search, `beam_search.fill_value`), and the array ends where the longest
-returned row does. Sampling draws from the same distributions as HF but with JAX's random
-numbers, so it is reproducible for a seed, not equal to HF's draws.
+The same arguments given to HF's `model.generate` (transformers 5.x, with the generation
+options lmsuite does not implement neutral: no repetition penalty, bad words, ...) give the same
+array, HF's logits processors for minimum lengths, repeated n-grams and forced BOS/EOS tokens
+included (`logits_processing`). Decoder-only models return prompt + new tokens,
+encoder-decoders return decoder start + new tokens; rows that stop early are padded with
+`pad_token_id` (greedy, sampling) or with HF's fill value (beam search,
+`beam_search.fill_value`), and the array ends where the longest returned row does. Sampling
+draws from the same distributions as HF but with JAX's random numbers, so it is reproducible
+for a seed, not equal to HF's draws.
 
 Prompt handling follows HF: decoder-only prompts may be left-padded, with an attention_mask (or,
 without one, a mask inferred from `pad_token_id` when that differs from the EOS ids); positions
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lmsuite.evaluation import beam_search
+from lmsuite.evaluation.logits_processing import process, warp
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.inputs import DECODING_ARCHITECTURES, init_cache
 from lmsuite.models.transformer import Transformer
@@ -53,6 +56,10 @@ class Plan:
     eos: tuple[int, ...] | None
     pad: int | None
     use_cache: bool
+    min_new_tokens: int = 0
+    no_repeat_ngram_size: int = 0
+    forced_bos: int | None = None
+    forced_eos: tuple[int, ...] | None = None
 
 
 def generate(
@@ -72,6 +79,10 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     decoder_start_token_id: int | None = None,
+    min_new_tokens: int = 0,
+    no_repeat_ngram_size: int = 0,
+    forced_bos_token_id: int | None = None,
+    forced_eos_token_id: int | Sequence[int] | None = None,
     seed: int = 0,
     use_cache: bool = True,
 ) -> np.ndarray:
@@ -89,6 +100,12 @@ def generate(
         configs carry no EOS id, so there is no default).
       pad_token_id: fills finished rows; None with an EOS id: the first EOS id, as HF.
       decoder_start_token_id: encoder-decoders only; None: config.decoder_start_id.
+      min_new_tokens: the EOS ids score -inf until this many tokens are generated (HF's
+        min_new_tokens; HF's min_length is min_new_tokens + the prompt length P).
+      no_repeat_ngram_size: n > 0 bans every token that would repeat an n-gram of the
+        sequence so far (the prompt or decoder start included, as HF).
+      forced_bos_token_id: the only choice while one token is known (HF: cur_len == 1).
+      forced_eos_token_id: one id or several, the only choice for the last new token.
       seed: of the sampling draws.
       use_cache: False recomputes the whole forward at every step.
     """
@@ -100,6 +117,8 @@ def generate(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        min_new_tokens=min_new_tokens,
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
     input_ids = _int_array("input_ids", input_ids)
     if attention_mask is not None:
@@ -115,10 +134,12 @@ def generate(
             f"input_ids holds id {hi if hi >= config.vocab_size else lo}, outside "
             f"[0, vocab_size={config.vocab_size})"
         )
-    eos = _eos_ids(eos_token_id, config.vocab_size)
+    eos = _eos_ids("eos_token_id", eos_token_id, config.vocab_size)
+    forced_eos = _eos_ids("forced_eos_token_id", forced_eos_token_id, config.vocab_size)
     for name, value in (
         ("pad_token_id", pad_token_id),
         ("decoder_start_token_id", decoder_start_token_id),
+        ("forced_bos_token_id", forced_bos_token_id),
     ):
         if value is not None and not (_is_int(value, 0) and value < config.vocab_size):
             raise ValueError(
@@ -160,6 +181,10 @@ def generate(
         eos=eos,
         pad=pad_token_id,
         use_cache=bool(use_cache),
+        min_new_tokens=int(min_new_tokens),
+        no_repeat_ngram_size=int(no_repeat_ngram_size),
+        forced_bos=None if forced_bos_token_id is None else int(forced_bos_token_id),
+        forced_eos=forced_eos,
     )
     inputs = _model_inputs(plan, decoder_prompt, input_ids, attention_mask)
     tokens_BT, lengths_B = _decode(plan, params, inputs, jax.random.PRNGKey(seed))
@@ -167,7 +192,18 @@ def generate(
 
 
 # ----------------------------------------------------------------------------- validation
-def _check_options(config, *, max_new_tokens, num_beams, early_stopping, temperature, top_k, top_p):
+def _check_options(
+    config,
+    *,
+    max_new_tokens,
+    num_beams,
+    early_stopping,
+    temperature,
+    top_k,
+    top_p,
+    min_new_tokens,
+    no_repeat_ngram_size,
+):
     if config.architecture not in DECODING_ARCHITECTURES or "lm" not in config.heads:
         raise ValueError(
             f"cannot decode architecture={config.architecture!r} with heads={config.heads!r}; "
@@ -177,6 +213,13 @@ def _check_options(config, *, max_new_tokens, num_beams, early_stopping, tempera
         ("max_new_tokens", max_new_tokens, "an int >= 1", _is_int(max_new_tokens, 1)),
         ("num_beams", num_beams, "an int >= 1", _is_int(num_beams, 1)),
         ("top_k", top_k, "an int >= 0 (0: no top-k)", _is_int(top_k, 0)),
+        ("min_new_tokens", min_new_tokens, "an int >= 0", _is_int(min_new_tokens, 0)),
+        (
+            "no_repeat_ngram_size",
+            no_repeat_ngram_size,
+            "an int >= 0 (0: no n-gram ban)",
+            _is_int(no_repeat_ngram_size, 0),
+        ),
         ("temperature", temperature, "a float > 0", temperature > 0),
         ("top_p", top_p, "a float in (0, 1]", 0 < top_p <= 1),
         (
@@ -206,14 +249,13 @@ def _int_array(name: str, x) -> np.ndarray:
     return x
 
 
-def _eos_ids(eos_token_id, vocab_size: int) -> tuple[int, ...] | None:
+def _eos_ids(name: str, eos_token_id, vocab_size: int) -> tuple[int, ...] | None:
     if eos_token_id is None:
         return None
     ids = (eos_token_id,) if isinstance(eos_token_id, int | np.integer) else tuple(eos_token_id)
     if not ids or not all(_is_int(i, 0) and i < vocab_size for i in ids):
         raise ValueError(
-            f"eos_token_id must be an id or ids in [0, vocab_size={vocab_size}), "
-            f"got {eos_token_id!r}"
+            f"{name} must be an id or ids in [0, vocab_size={vocab_size}), got {eos_token_id!r}"
         )
     return tuple(int(i) for i in ids)
 
@@ -339,35 +381,11 @@ class Steps:
 
 
 # ---------------------------------------------------------------------------- selection
-def warp(plan: Plan, scores_NV, *, min_keep: int):
-    """HF's sampling warpers in its order: temperature, top-k, top-p (removed: -inf)."""
-    if plan.temperature != 1.0:
-        scores_NV = scores_NV / plan.temperature
-    vocab = scores_NV.shape[-1]
-    if plan.top_k:
-        k = min(max(plan.top_k, min_keep), vocab)
-        kth_N1 = jax.lax.top_k(scores_NV, k)[0][:, -1:]
-        scores_NV = jnp.where(scores_NV < kth_N1, -jnp.inf, scores_NV)
-    if plan.top_p < 1.0:
-        order_NV = jnp.argsort(scores_NV, axis=-1)  # ascending, as HF sorts
-        sorted_NV = jnp.take_along_axis(scores_NV, order_NV, axis=-1)
-        cumulative_NV = jnp.cumsum(jax.nn.softmax(sorted_NV, axis=-1), axis=-1)
-        remove_NV = (cumulative_NV <= 1 - plan.top_p) & (jnp.arange(vocab) < vocab - min_keep)[
-            None, :
-        ]
-        remove_NV = (
-            jnp.zeros_like(remove_NV)
-            .at[jnp.arange(remove_NV.shape[0])[:, None], order_NV]
-            .set(remove_NV)
-        )
-        scores_NV = jnp.where(remove_NV, -jnp.inf, scores_NV)
-    return scores_NV
-
-
-def _choose(plan: Plan, logits_NV, rng, cur_len):
+def _choose(plan: Plan, tokens_NT, logits_NV, rng, cur_len):
+    scores_NV = process(plan, tokens_NT, cur_len, logits_NV)
     if not plan.do_sample:
-        return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32)
-    scores_NV = warp(plan, logits_NV, min_keep=1)
+        return jnp.argmax(scores_NV, axis=-1).astype(jnp.int32)
+    scores_NV = warp(plan, scores_NV, min_keep=1)
     return jax.random.categorical(jax.random.fold_in(rng, cur_len), scores_NV).astype(jnp.int32)
 
 
@@ -377,7 +395,7 @@ def _decode(plan: Plan, params, inputs, rng):
     """(tokens (B, T), generated lengths (B,)) in one compiled prefill + while_loop."""
     steps = Steps(plan, inputs)
     if plan.num_beams > 1:
-        return beam_search.search(plan, steps, params, inputs["tokens_NT"], rng, warp=warp)
+        return beam_search.search(plan, steps, params, inputs["tokens_NT"], rng)
     return _greedy_or_sample(plan, steps, params, inputs["tokens_NT"], rng)
 
 
@@ -386,7 +404,7 @@ def _greedy_or_sample(plan: Plan, steps: Steps, params, tokens_NT, rng):
 
     def emit(tokens_NT, unfinished_N, logits_NV, cur_len):
         # cur_len tokens are known; the chosen one goes to position cur_len.
-        new_N = _choose(plan, logits_NV, rng, cur_len)
+        new_N = _choose(plan, tokens_NT, logits_NV, rng, cur_len)
         if eos_E is not None:
             new_N = jnp.where(unfinished_N, new_N, plan.pad)
             unfinished_N = unfinished_N & ~jnp.isin(new_N, eos_E)

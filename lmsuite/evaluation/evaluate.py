@@ -290,6 +290,8 @@ def _greedy_predict(req: EvalRequest, dataset, model_feature_shapes=None):
     """(index, tokens) of greedy decoding, for a task's own predict metric_fns (seq2seq)."""
     from lmsuite.evaluation import decoding
 
+    # The targets' own EOS (lmsuite's vocabulary: `</s>` is 6; seqio's default of 1 is [UNK]).
+    eos = seqio.get_mixture_or_task(req.task).output_features["targets"].vocabulary.eos_id
     rows = []
     for indices, batch, n in _batches(dataset, req.batch_size):
         inputs = batch["encoder_input_tokens"]
@@ -301,7 +303,7 @@ def _greedy_predict(req: EvalRequest, dataset, model_feature_shapes=None):
             max_new_tokens=batch["decoder_target_tokens"].shape[1],
             pad_token_id=req.model_config.pad_id,
             decoder_start_token_id=req.model_config.decoder_start_id,
-            eos_token_id=1,  # seqio's EOS
+            eos_token_id=eos,
         )
         rows += [
             (i, [int(t) for t in row]) for i, row in zip(indices.tolist(), out[:n], strict=True)

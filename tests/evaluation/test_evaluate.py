@@ -21,6 +21,7 @@ import transformers
 import lmsuite
 from lmsuite import cli
 from lmsuite.evaluation import evaluate
+from lmsuite.models import ModelConfig
 from lmsuite.training import input_pipeline, metrics, recipes
 from tests.training.test_recipes import train_argv
 
@@ -227,3 +228,30 @@ def test_seq2seq_through_the_evaluator_equals_a_direct_computation(tmp_path):
     assert result.metrics["token_accuracy"] == pytest.approx(right / tokens, abs=1e-9)
     assert result.metrics["sequence_accuracy"] == pytest.approx(np.mean(whole), abs=1e-9)
     seqio.TaskRegistry.remove("prefix_lm_with_metric")
+
+
+def test_seq2seq_predictions_stop_at_the_targets_eos(monkeypatch):
+    """Greedy predictions for a task's predict metrics end at its targets vocabulary's EOS
+    (`</s>`, 6 in lmsuite's vocabulary; seqio's default id 1 is [UNK] there)."""
+    from lmsuite.data import tasks  # noqa: F401  (registers wiki_sample_prefix_lm)
+    from lmsuite.evaluation import decoding
+
+    seen = {}
+
+    def fake_generate(config, params, **kwargs):
+        seen.update(kwargs)
+        return np.zeros((kwargs["input_ids"].shape[0], 3), np.int64)
+
+    monkeypatch.setattr(decoding, "generate", fake_generate)
+    req = evaluate.EvalRequest(
+        model_dir="unused", task="wiki_sample_prefix_lm", split="validation", step=1,
+        recipe=recipes.RECIPES["prefix_lm"], sequence_length={}, model_config=ModelConfig(),
+        params={}, batch_size=2, max_batches=None,
+    )  # fmt: skip
+    batch = {"encoder_input_tokens": np.ones((3, 4), np.int32),
+             "decoder_target_tokens": np.ones((3, 5), np.int32)}  # fmt: skip
+    dataset = tf.data.Dataset.from_tensor_slices(batch).enumerate()
+    rows = evaluate._greedy_predict(req, dataset)
+    assert [i for i, _ in rows] == [0, 1, 2]
+    vocab = seqio.get_mixture_or_task("wiki_sample_prefix_lm").output_features["targets"]
+    assert seen["eos_token_id"] == vocab.vocabulary.eos_id == 6
