@@ -4,6 +4,8 @@ the configuration checks are in `config.py`; the commands here).
   lmsuite train --gin_file=F [--gin_file=G] --gin.KEY=VALUE --model_dir=DIR
                 [--gin_search_paths=...] [--task_module=M ...] [--tfds_data_dir=D] [--distributed]
   lmsuite pretrain [--gin_file=experiments/E.gin] [--gin.KEY=VALUE ...] [--model_dir=DIR]
+  lmsuite train|pretrain ... --train_files=GLOB [--validation_files=GLOB] [--vocab=MODEL]
+  lmsuite vocab train --corpus=NAME | --text_files=GLOB --size=N [--out_dir=D]
   lmsuite compile --gin_file=F --topology=v4-32 [--mesh=data,fsdp,tensor | auto] [--json]
   lmsuite eval --model_dir=DIR [--task=T] [--split=S] [--step=N] [--max_batches=K]
   lmsuite recipes list | show NAME
@@ -26,7 +28,8 @@ import sys
 from pathlib import Path
 
 import gin
-from lmsuite.cli import pretrain_report, quiet
+
+from lmsuite.cli import pretrain_report, quiet, text_task
 from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables: public API)
     CONFIG_ERROR_EXIT_CODE,
     GIN_DIR,
@@ -54,14 +57,9 @@ def run_info(args) -> dict:
 
 
 def run_vocab(args) -> str:
-    """`lmsuite vocab train`: a deterministic SentencePiece model for an embedded corpus."""
-    from lmsuite.data import vocab
-
-    path = vocab.train_vocab(
-        corpus=args.corpus, size=args.size, out_dir=args.out_dir, seed=args.seed
-    )
-    print(path)
-    return str(path)
+    """`lmsuite vocab train`: a deterministic SentencePiece model for an embedded corpus or the
+    user's files (`text_task.run_vocab`)."""
+    return text_task.run_vocab(args)
 
 
 def run_tasks(args) -> None:
@@ -173,14 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
     )
     _add_gin_flags(train)
+    text_task.add_train_flags(train)
     train.set_defaults(handler=run_train)
     pretrain = commands.add_parser(
         "pretrain",
-        help="pretrain on CPU: gin/experiments/default.gin (a small BERT) or another experiment",
+        help="pretrain on CPU: experiments/default.gin (a small BERT) or another experiment",
         epilog=GIN_EPILOG,
         formatter_class=formatter,
     )
     _add_gin_flags(pretrain, default_files=["experiments/default.gin"], model_dir="")
+    text_task.add_train_flags(pretrain)
     pretrain.set_defaults(handler=run_pretrain)
     info = commands.add_parser(
         "info", help="parameter counts (total, embedding, per module), shapes, logical axes"
@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     vocab = commands.add_parser("vocab", help="train a SentencePiece vocabulary")
     vocab.add_argument("action", choices=["train"])
-    vocab.add_argument("--corpus", required=True, help="an embedded corpus, e.g. wiki_sample")
+    vocab.add_argument("--corpus", default=None, help="an embedded corpus, e.g. wiki_sample")
+    text_task.add_vocab_flags(vocab)
     vocab.add_argument("--size", type=int, required=True, help="pieces, specials included")
     vocab.add_argument("--out_dir", default=None, help="default: the lmsuite cache")
     vocab.add_argument("--seed", type=int, default=0)
@@ -285,6 +286,7 @@ def _train(args):
     if args.distributed:
         initialize_distributed(args)
 
+    text_task.prepare_run(args)  # --train_files: the recipe's task over them becomes TASK
     kwargs = load_config(args)
     from etils import epath
 
@@ -299,7 +301,11 @@ def _train(args):
         "task": kwargs["task"],
         "sequence_length": dict(kwargs["sequence_length"]),
         "recipe": kwargs["recipe"].recipe.name,
+        # What registers TASK again, so `lmsuite eval` and `lmsuite.load` need no flags.
+        "task_modules": list(args.task_module),
     }
+    if args.text_task is not None:
+        run["text_task"] = args.text_task.to_json()
     (model_dir / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
     return kwargs, loop.train(model_dir=str(model_dir), checked=True, **kwargs)
 
@@ -403,6 +409,41 @@ def run_pretrain(args):
     return result
 
 
+# Flags naming a local or gs:// path: `~` and relative paths are resolved once, here, so every
+# command and what it records (run.json, messages) sees absolute paths. Directories that must
+# not be regular files are checked too.
+_DIRECTORY_FLAGS = ("model_dir", "hf_dir", "out_dir", "output_dir", "tfds_data_dir")
+_FILE_FLAGS = ("train_file", "validation_file")
+
+
+def resolve_paths(args: argparse.Namespace) -> None:
+    """Makes the path flags of `args` absolute (`~` expanded; gs:// paths kept).
+
+    Raises:
+      ConfigError: a directory flag that names an existing regular file.
+    """
+    from lmsuite.training import checkpointing
+
+    problems = []
+    for flag in _DIRECTORY_FLAGS:
+        value = getattr(args, flag, None)
+        if value:
+            try:
+                setattr(args, flag, checkpointing.run_directory(value, flag=f"--{flag}"))
+            except ValueError as error:
+                problems.append(str(error))
+    for flag in _FILE_FLAGS:
+        value = getattr(args, flag, None)
+        if value:
+            setattr(args, flag, str(checkpointing.absolute(value)))
+    if getattr(args, "gin_search_paths", None):
+        args.gin_search_paths = [str(checkpointing.absolute(p)) for p in args.gin_search_paths]
+    if getattr(args, "gin_file", None):
+        args.gin_file = [os.path.expanduser(f) for f in args.gin_file]
+    if problems:
+        raise ConfigError(problems)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the process's own command line: it may be relaunched
         from lmsuite.training import host_malloc
@@ -413,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     from lmsuite.training import loop
 
     try:
+        resolve_paths(args)
         args.handler(args)
     except ConfigError as error:
         print(f"lmsuite: configuration errors:\n{error}", file=sys.stderr)

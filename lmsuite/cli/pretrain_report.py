@@ -20,13 +20,13 @@ _FUNCTION_WORDS = frozenset(
 )
 
 
-def held_out_sentences(corpus_name: str, *, limit: int = 200) -> list[str]:
-    """The sentences of the first validation documents of a corpus, in order (at most
-    `limit`): the held-out text `fill_mask_text` picks from."""
+def held_out_sentences(corpus, *, limit: int = 200) -> list[str]:
+    """The sentences of the first validation documents of a corpus (a name or a corpus
+    object), in order (at most `limit`): the held-out text `fill_mask_text` picks from."""
     from lmsuite.data import corpora
     from lmsuite.data import text as text_lib
 
-    corpus = corpora.get_corpus(corpus_name)
+    corpus = corpora.get_corpus(corpus) if isinstance(corpus, str) else corpus
     dataset = corpus.source().get_dataset("validation", shuffle=False)
     for step in getattr(corpus, "preprocessors", ()):  # TFDS records -> corpus features
         dataset = step(dataset)
@@ -74,17 +74,20 @@ def fill_mask_text(kwargs: dict, model_dir: str) -> list[str]:
     config = kwargs["model_config"]
     if config.architecture != "encoder" or "mlm" not in config.heads:
         return []
-    from lmsuite.data import tasks
+    from lmsuite.data import tasks, text_files
 
     corpus_name = tasks.PRETRAINING_TASKS.get(kwargs["task"], (None,))[0]
-    if corpus_name is None:
+    corpus, what = corpus_name, corpus_name
+    if kwargs["task"] in text_files.TEXT_TASKS:  # `--train_files`: the held-out documents
+        corpus, what = text_files.corpus_of(text_files.TEXT_TASKS[kwargs["task"]]), "text-file"
+    if corpus is None:
         return []
     import lmsuite
 
     model = lmsuite.load(model_dir)
     vocab = model.vocab
     examples = masked_examples(
-        held_out_sentences(corpus_name),
+        held_out_sentences(corpus),
         is_one_piece=lambda word: len(vocab.encode(word, add_special_tokens=False)) == 1,
         n=FILL_MASK_SENTENCES,
         mask_token=vocab.mask_token,
@@ -94,9 +97,7 @@ def fill_mask_text(kwargs: dict, model_dir: str) -> list[str]:
     predictions = model.fill_mask([text for text, _ in examples], top_k=FILL_MASK_TOP_K)
     if len(examples) == 1:  # one text: fill_mask unwraps the list, as HF's pipeline does
         predictions = [predictions]
-    lines = [
-        f"fill-mask on held-out {corpus_name} sentences (validation split), top {FILL_MASK_TOP_K}:"
-    ]
+    lines = [f"fill-mask on held-out {what} sentences (validation split), top {FILL_MASK_TOP_K}:"]
     for (text, word), top in zip(examples, predictions, strict=True):
         guesses = "  ".join(f"{p['token_str'].strip()} {p['score']:.3f}" for p in top)
         lines += [f"  {text}", f"    true: {word}   predicted: {guesses}"]

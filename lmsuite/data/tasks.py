@@ -8,6 +8,8 @@ tasks `{corpus}_probe_vader_sentiment` / `{corpus}_probe_trec_questions` (Englis
 tokenized with that corpus's vocabulary), and mixtures of objectives that share features
 (`{corpus}_seq2seq_mixture`, `{corpus}_encoder_mlm_mixture`, `wikipedia_c4_{objective}`).
 The production corpora (`wikipedia`, `c4`) use the wiki_sample vocabulary by default.
+Tasks over the user's own text files (`text_files.register_text_task`) are built by the same
+`corpus_task`, so an objective runs the same steps whatever its source.
 
 Sequence lengths come from SeqIO at `get_dataset` time:
   encoder objectives:  {"input_ids": L}            ([CLS] ... [SEP], MLM features; unilm too),
@@ -48,12 +50,6 @@ from lmsuite.data.task_objectives import (  # noqa: F401  (tasks.X: the public s
 )
 
 
-def _source_and_steps(corpus_name: str) -> tuple[seqio.DataSource, list]:
-    corpus = corpora.get_corpus(corpus_name)
-    steps = list(getattr(corpus, "preprocessors", ()))
-    return corpus.source(), steps
-
-
 def build_task(
     corpus: str,
     objective: str,
@@ -73,32 +69,50 @@ def build_task(
       ValueError: for an unknown objective, a corpus in the wrong language, or an objective
         needing sentinels on a vocabulary without them (naming the missing ids).
     """
+    return corpus_task(
+        corpora.get_corpus(corpus),
+        objective,
+        language=corpora.language(corpus),
+        vocab=vocab if vocab is not None else default_vocabulary(corpus),
+        name=name or f"{corpus}_{objective}",
+        register=register,
+        memoize_tokens=memoize_tokens,
+    )
+
+
+def corpus_task(
+    corpus: corpora.Corpus | corpora.TfdsCorpus,
+    objective: str,
+    *,
+    language: str,
+    vocab: seqio.Vocabulary,
+    name: str,
+    register: bool = True,
+    memoize_tokens: bool = True,
+) -> seqio.Task:
+    """`objective`'s task over any corpus object, named `name`: the corpus source, its own
+    preprocessors, the objective's steps (`OBJECTIVES`) and its EOS step. `build_task` (the
+    embedded and TFDS corpora) and `text_files` (the user's files) both build through here, so
+    the same objective runs the same pipeline whatever the source. Raises as `build_task`."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; expected one of {sorted(OBJECTIVES)}")
     spec = OBJECTIVES[objective]
-    language = corpora.language(corpus)
     if language not in spec.languages:
         raise ValueError(
-            f"objective {objective!r} needs a corpus in {spec.languages}, got {corpus!r} "
+            f"objective {objective!r} needs a corpus in {spec.languages}, got {corpus.name!r} "
             f"({language})"
         )
-    vocab = vocab if vocab is not None else default_vocabulary(corpus)
-    name = name or f"{corpus}_{objective}"
     if spec.needs_sentinels:
         vocab_lib.require_sentinels(
             vocab, needed=vocab_lib.NUM_SENTINELS, purpose=f"task {name!r} ({objective})"
         )
-    source, corpus_steps = _source_and_steps(corpus)
+    corpus_steps = list(getattr(corpus, "preprocessors", ()))
     steps = spec.steps(vocab)
-    if (
-        memoize_tokens
-        and not corpus_steps
-        and isinstance(corpora.get_corpus(corpus), corpora.Corpus)
-    ):
-        steps = _memoized(steps, corpora.get_corpus(corpus))
+    if memoize_tokens and not corpus_steps and isinstance(corpus, corpora.Corpus):
+        steps = _memoized(steps, corpus)
     task = seqio.Task(
         name,
-        source=source,
+        source=corpus.source(),
         preprocessors=[*corpus_steps, *steps, *_eos_steps(spec.kind, spec.seqio_appends_eos)],
         output_features=output_features(spec.kind, vocab, add_eos=spec.seqio_appends_eos),
     )

@@ -83,11 +83,21 @@ def vocab_path(
     return directory / f"{name}.model"
 
 
+def local_corpora() -> list[str]:
+    """The embedded pretraining corpora, which a vocabulary can be trained on."""
+    return sorted(n for n, c in corpora.PRETRAINING.items() if isinstance(c, corpora.Corpus))
+
+
 def training_text(corpus: str, *, max_sentences: int | None = None) -> list[str]:
     """The trainer's input, in corpus order: sentences, or words for the segmented corpus."""
+    if corpus not in local_corpora():
+        tfds = " (a TFDS corpus)" if corpus in corpora.PRETRAINING else ""
+        raise ValueError(
+            f"unknown corpus {corpus!r}{tfds}: train_vocab takes an embedded corpus name, one of "
+            f"{local_corpora()}; for your own text files use "
+            "lmsuite.data.text_files.train_vocab_from_files"
+        )
     source = corpora.get_corpus(corpus)
-    if not isinstance(source, corpora.Corpus):
-        raise ValueError(f"train_vocab needs a local corpus, got the TFDS corpus {corpus!r}")
     if corpora.language(corpus) == "zh":
         lines = [str(w) for d in source.documents("train") for w in d.features["words"]]
     else:
@@ -110,15 +120,45 @@ def train_vocab(
     100 sentinels on top. `max_sentences` trains on a prefix of the corpus (for tests).
     Retraining with the same arguments yields a byte-identical file.
     """
-    if size <= len(_CONTROL_SYMBOLS) + 4:
-        raise ValueError(f"vocabulary size must exceed the 7 special pieces, got size={size}")
+    check_size(size)
     path = vocab_path(
         corpus, size, seed=seed, out_dir=out_dir, max_sentences=max_sentences, model_type=model_type
     )
     if path.is_file():
         return path
     lines = training_text(corpus, max_sentences=max_sentences)
-    chinese = corpora.language(corpus) == "zh"
+    train_sentencepiece(
+        lines,
+        path=path,
+        size=size,
+        seed=seed,
+        model_type=model_type,
+        add_dummy_prefix=corpora.language(corpus) != "zh",
+        source=repr(corpus),
+    )
+    return path
+
+
+def check_size(size: int) -> None:
+    """Raises ValueError unless a `size`-piece model has room beyond the 7 special pieces."""
+    if size <= len(_CONTROL_SYMBOLS) + 4:
+        raise ValueError(f"vocabulary size must exceed the 7 special pieces, got size={size}")
+
+
+def train_sentencepiece(
+    lines: list[str],
+    *,
+    path: pathlib.Path,
+    size: int,
+    seed: int = 0,
+    model_type: str = "unigram",
+    add_dummy_prefix: bool = True,
+    source: str,
+) -> None:
+    """Trains a `size`-piece model on `lines` with lmsuite's special ids and writes it to `path`
+    atomically; the same lines and options always give the same bytes (one thread, input order,
+    no sampling). `source` names the lines in error messages (e.g. "'wiki_sample'")."""
+    check_size(size)
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
     start = time.perf_counter()
@@ -138,7 +178,7 @@ def train_vocab(
             eos_piece="</s>",
             control_symbols=list(_CONTROL_SYMBOLS),
             character_coverage=0.9995,
-            add_dummy_prefix=not chinese,
+            add_dummy_prefix=add_dummy_prefix,
             num_threads=1,
             shuffle_input_sentence=False,
             input_sentence_size=0,
@@ -146,12 +186,11 @@ def train_vocab(
         )
     except RuntimeError as e:
         raise ValueError(
-            f"SentencePiece could not train a {size}-piece vocabulary on {corpus!r} "
+            f"SentencePiece could not train a {size}-piece vocabulary on {source} "
             f"({len(lines)} training lines): {e}"
         ) from e
     _write_atomically(path, model.getvalue())
     train_seconds[path.name] = time.perf_counter() - start
-    return path
 
 
 train_seconds: dict[str, float] = {}

@@ -7,7 +7,7 @@
   model.score(texts) / model.score(inputs, targets)            # (pseudo-)log-likelihoods
   model.encode(texts)                               # per-token states and a pooled vector
   model.attention(texts, layer=0)                   # (H, L, L) attention maps per text
-  model.generate("Once upon a time", max_new_tokens=20)
+  model.generate("Once upon a time", max_new_tokens=20)   # under its generation config
   model.save_hf("out/")                             # weights, config.json and tokenizer files
 
 The forward pass is `lmsuite.convert.ConvertedModel`'s, so HF-style inputs mean what they mean
@@ -16,14 +16,17 @@ twin runs the Transformer directly on the same inputs.
 """
 
 import dataclasses
+import os
+import types
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from lmsuite.convert import ConvertedModel, to_hf
+from lmsuite.convert import ConvertedModel, TokenIds, to_hf
 from lmsuite.evaluation import fill_mask as fill_mask_lib
+from lmsuite.evaluation import generation_config as generation_lib
 from lmsuite.evaluation import scoring
 from lmsuite.models import ModelConfig, Transformer
 
@@ -74,16 +77,24 @@ class NativeForward:
 
 def forward_for(config: ModelConfig, params: Any) -> tuple[Any, str | None]:
     """(forward, HF class) for an lmsuite model: `ConvertedModel` through its HF twin when
-    `lmsuite.convert` has one, else `NativeForward` and None."""
+    `lmsuite.convert` has one, else `NativeForward` and None.
+
+    Loading a run needs no `transformers` (the `hf` extra): the HF-style inputs read only the
+    ids below from the HF config, and they are the lmsuite config's (what `to_hf` writes).
+    """
     from lmsuite.convert import infer_hf_class, registry
 
     try:
         hf_class = infer_hf_class(config)
         family = registry.families_by_class()[hf_class]
-        hf_config = family.config_to_hf(config, hf_class)
     except (ValueError, KeyError):  # no HF twin: the model is still usable natively
         return NativeForward(config, params), None
-    return ConvertedModel(config, params, hf_class, hf_config, family), hf_class
+    hf_fields = types.SimpleNamespace(
+        pad_token_id=config.pad_id,
+        decoder_start_token_id=config.decoder_start_id,
+        type_vocab_size=config.type_vocab_size,
+    )
+    return ConvertedModel(config, params, hf_class, hf_fields, family), hf_class
 
 
 def _padded(rows: list[list[int]], *, pad_id: int, limit: int | None):
@@ -111,17 +122,23 @@ class LoadedModel:
       causal_start_id: what an lmsuite decoder reads before the first token (SeqIO's LM
         features shift the targets right after id 0); None for HF models, which score from
         the second token.
-      source: where it was loaded from, for messages.
+      source: where it was loaded from, for messages; a HF directory's generation config is
+        read from it.
+      generation_config: the checkpoint's generation options (HF's names, or a transformers
+        `GenerationConfig`); None: `source`'s when that is a HF directory, else the special ids
+        the model knows (see `generation_config`).
     """
 
     def __init__(self, *, forward, vocab, hf_class=None, decoder_start_id=0,
-                 causal_start_id=None, source: str = "") -> None:  # fmt: skip
+                 causal_start_id=None, source: str = "",
+                 generation_config=None) -> None:  # fmt: skip
         self._forward = forward
         self.vocab = vocab
         self.hf_class = hf_class
         self.decoder_start_id = decoder_start_id
         self.causal_start_id = causal_start_id
         self.source = source
+        self._generation_given = generation_config
 
     @property
     def config(self) -> ModelConfig:
@@ -269,16 +286,52 @@ class LoadedModel:
             for b, row in enumerate(rows)
         ]
 
-    def generate(self, inputs, *, max_new_tokens: int, **options):
-        """`lmsuite.evaluation.decoding.generate` on a text, texts or an id array.
+    @property
+    def generation_config(self) -> dict[str, Any]:
+        """The generation options `generate` starts from, HF's names (unset ones: HF's defaults).
+
+        A HF directory's generation_config.json (else its config.json's generation fields);
+        for a model without one (an lmsuite run, a transformers instance) the ids it knows: the
+        vocabulary's EOS and BOS, the config's pad and decoder start ids, as `to_hf` writes them.
+        """
+        return dict(self._generation()[0])
+
+    def _generation(self) -> tuple[dict[str, Any], str]:
+        """(stored generation options, where they come from)."""
+        given = self._generation_given
+        if given is not None:
+            stored = given.to_diff_dict() if hasattr(given, "to_diff_dict") else dict(given)
+            return {k: v for k, v in stored.items() if v is not None}, "the given generation config"
+        if self.source and os.path.isfile(os.path.join(self.source, "config.json")):
+            source = generation_lib.source_of(self.source)
+            return generation_lib.read(self.source), source
+        ids = {"pad_token_id": self.config.pad_id}
+        if self.vocab is not None:
+            ids |= {"eos_token_id": self.vocab.token_id("eos_token")}
+            ids |= {"bos_token_id": self.vocab.token_id("bos_token")}
+        if self.config.architecture == "encoder_decoder":
+            ids["decoder_start_token_id"] = self.decoder_start_id
+        stored = {k: v for k, v in ids.items() if v is not None}
+        return stored, f"the special ids of {self.source or 'this model'}"
+
+    def generate(self, inputs, *, max_new_tokens: int | None = None, **options):
+        """`lmsuite.evaluation.decoding.generate` on a text, texts or an id array, under the
+        checkpoint's generation config, as HF's `model.generate(inputs, **options)`.
+
+        `options` are HF's generation options (num_beams, do_sample, max_length,
+        no_repeat_ngram_size, ...) and override `generation_config`, which overrides HF's
+        defaults; with none, this decodes as HF's `generate` does with the checkpoint's
+        config (`generation_config.resolve`: lengths, processors, ids). Options lmsuite does
+        not implement raise ValueError unless neutral. Besides them: attention_mask, and seed
+        for sampling.
 
         Texts are encoded with the vocabulary's framing and padded (left for decoders, whose
         continuation follows the prompt; right for seq2seq encoders); the returned ids are
         decoded without special tokens. Ids (B, L) are passed as they are and ids come back.
-        `options` are `generate`'s (num_beams, do_sample, temperature, top_k, top_p, ...).
         """
         from lmsuite.evaluation import decoding  # written alongside; imported only when used
 
+        call = {k: options.pop(k) for k in ("attention_mask", "seed") if k in options}
         given_text = isinstance(inputs, str) or (
             isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs)
         )
@@ -291,31 +344,59 @@ class LoadedModel:
             input_ids, attention_mask = (
                 _padded(rows, limit=None, **pad) if framing else _left_padded(rows, **pad)
             )
-            options.setdefault("attention_mask", attention_mask)
-            eos = vocab.token_id("eos_token")
-            if eos is not None:
-                options.setdefault("eos_token_id", eos)
+            call.setdefault("attention_mask", attention_mask)
         else:
             input_ids = np.asarray(inputs)
-        options.setdefault("pad_token_id", self.config.pad_id)
-        if self.config.architecture == "encoder_decoder":
-            options.setdefault("decoder_start_token_id", self.decoder_start_id)
-        out = decoding.generate(
-            self.config, self.params, input_ids=input_ids, max_new_tokens=max_new_tokens, **options
+            if input_ids.ndim != 2:
+                raise ValueError(f"generate takes texts or ids (B, L), got shape {input_ids.shape}")
+        if max_new_tokens is not None:
+            options["max_new_tokens"] = max_new_tokens
+        stored, source = self._generation()
+        encoder_decoder = self.config.architecture == "encoder_decoder"
+        resolved = generation_lib.resolve(
+            stored,
+            options,
+            config=self.config,
+            prompt_length=1 if encoder_decoder else input_ids.shape[1],
+            fallback_start_id=self.decoder_start_id,
+            source=source,
         )
+        out = decoding.generate(self.config, self.params, input_ids=input_ids, **resolved, **call)
         if not given_text:
             return out
         return [self.vocab.decode(row, skip_special_tokens=True) for row in np.asarray(out)]
 
     def save_hf(self, out_dir: str) -> list[str]:
-        """Writes model.safetensors, config.json and the tokenizer files HF loads; their paths.
+        """Writes model.safetensors, config.json, generation_config.json (a model that
+        generates) and the tokenizer files HF loads; their paths.
 
-        `transformers.pipeline("fill-mask", model=out_dir)` then works on an MLM.
+        The exported configs name this model's special ids and carry its generation options,
+        so HF's `generate` on out_dir decodes as `generate` here does.
+        `transformers.pipeline("fill-mask", model=out_dir)` works on an MLM.
         """
         vocab = self._require_vocab("save_hf (it writes the tokenizer too)")
-        to_hf(self.config, self.params, out_dir, hf_class=self.hf_class)
+        stored, _ = self._generation()
+        ids = TokenIds(
+            eos=stored.get("eos_token_id"),
+            bos=stored.get("bos_token_id"),
+            pad=vocab.token_id("pad_token"),
+        )
+        # Its decoding options go along; the ids are to_hf's, from special_ids and the config.
+        kept = set(generation_lib.SUPPORTED) | set(generation_lib.UNSUPPORTED)
+        kept -= generation_lib.ID_OPTIONS
+        options = {k: v for k, v in stored.items() if k in kept}
+        to_hf(
+            self.config,
+            self.params,
+            out_dir,
+            hf_class=self.hf_class,
+            special_ids=ids,
+            generation=options,
+        )
         written = vocab.save_hf(out_dir)
-        return sorted({f"{out_dir}/model.safetensors", f"{out_dir}/config.json", *written})
+        files = ["model.safetensors", "config.json", generation_lib.GENERATION_FILE]
+        exported = [f"{out_dir}/{f}" for f in files if os.path.isfile(os.path.join(out_dir, f))]
+        return sorted({*exported, *written})
 
 
 def _pairs(inputs, targets) -> list[tuple[str, str]]:

@@ -59,7 +59,10 @@ def restore_params(state_dir: str) -> Any:
     import jax
     import orbax.checkpoint as ocp
 
-    metadata = ocp.StandardCheckpointer().metadata(state_dir).item_metadata
+    metadata = ocp.StandardCheckpointer().metadata(str(checkpointing.absolute(state_dir)))
+    metadata = metadata.item_metadata
+    if metadata is None:
+        raise ValueError(f"{state_dir} holds no readable Orbax metadata (_METADATA)")
     if "params" not in metadata:
         raise ValueError(f"{state_dir} holds {sorted(metadata)}, not a TrainState with params")
     shapes = metadata["params"]
@@ -67,7 +70,7 @@ def restore_params(state_dir: str) -> Any:
     args = {"params": jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), shapes)}
     with ocp.PyTreeCheckpointer() as checkpointer:
         request = ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True)
-        restored = checkpointer.restore(state_dir, args=request)
+        restored = checkpointer.restore(str(checkpointing.absolute(state_dir)), args=request)
     return restored["params"]
 
 
@@ -112,6 +115,8 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
         raise ValueError(f"{model_dir} has no committed checkpoint step {step}; committed: {steps}")
     step_dir = os.path.join(root, str(step))
     checkpointing.verify(step_dir)  # a truncated array is named, not loaded
+    # The run's --task_module imports and its --train_files task: TASK registers itself.
+    run_config.register_run_tasks(run, where=os.path.join(model_dir, run_config.RUN_FILE))
     config = run.model_config
     params = common.check_params(config, common.flatten(restore_params(f"{step_dir}/{STATE_ITEM}")))
     vocab = None
@@ -169,7 +174,13 @@ def load(source, step: int | None = None, *, tokenizer=None) -> LoadedModel:
         step that is not committed (listing those that are), a path that is neither kind.
     """
     if isinstance(source, str | os.PathLike):
-        path = os.fspath(source)
+        given = os.fspath(source)
+        path = str(checkpointing.absolute(given))  # Orbax reads absolute paths only
+        if os.path.isfile(path):
+            raise ValueError(
+                f"{given} is a file ({path}); lmsuite.load takes a directory: an lmsuite run "
+                "(run.json, checkpoints/) or a HF model (config.json)"
+            )
         if is_run_dir(path):
             if tokenizer is not None:
                 raise ValueError(f"{path} is an lmsuite run: its vocabulary comes from its task")

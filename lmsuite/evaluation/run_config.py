@@ -2,7 +2,10 @@
 
 `lmsuite train` writes `run.json` next to the checkpoints (`ModelConfig.to_json` and the run's
 task, sequence lengths and recipe), so a loaded model is rebuilt without gin, which belongs to
-`lmsuite.cli` alone: the operative `config.gin` beside it is for people and for rerunning.
+`lmsuite.cli` alone: the operative `config.gin` beside it is for people and for rerunning. It
+also records what registers the task: the `--task_module`s and, for `--train_files`, the text
+task's spec (`text_files.TextTaskSpec`); `register_run_tasks` imports and registers them again
+(runs written before these keys load as before: their task must be registered by the caller).
 
   >>> run = read_run_config("runs/default")
   >>> run.model_config.d_model, run.task, run.sequence_length
@@ -10,8 +13,10 @@ task, sequence lengths and recipe), so a loaded model is rebuilt without gin, wh
 """
 
 import dataclasses
+import importlib
 import json
 import os
+from collections.abc import Mapping
 
 from lmsuite.models import ModelConfig
 
@@ -26,6 +31,8 @@ class RunConfig:
     task: str | None
     sequence_length: dict[str, int] | None
     recipe: str | None
+    task_modules: tuple[str, ...] = ()
+    text_task: Mapping | None = None  # `text_files.TextTaskSpec.to_json()`
 
 
 def parse_run_config(text: str, *, where: str = RUN_FILE) -> RunConfig:
@@ -45,7 +52,29 @@ def parse_run_config(text: str, *, where: str = RUN_FILE) -> RunConfig:
         task=values.get("task"),
         sequence_length=values.get("sequence_length"),
         recipe=values.get("recipe"),
+        task_modules=tuple(values.get("task_modules", ())),
+        text_task=values.get("text_task"),
     )
+
+
+def register_run_tasks(run: RunConfig, *, where: str = RUN_FILE) -> None:
+    """Imports the run's task modules and registers its text-file task again, so that its TASK
+    resolves in a new process; a ValueError names the module or the record that fails."""
+    for module in run.task_modules:
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # any failure of the user's module: name it, keep the cause
+            raise ValueError(
+                f"{where} names the task module {module!r}, which does not import here "
+                f"({type(error).__name__}: {error}); make it importable (PYTHONPATH) first"
+            ) from error
+    if run.text_task is not None:
+        from lmsuite.data import text_files
+
+        try:
+            text_files.register_recorded(run.text_task)
+        except ValueError as error:
+            raise ValueError(f"{where}: its text_task does not register: {error}") from error
 
 
 def read_run_config(model_dir: str | os.PathLike) -> RunConfig:

@@ -108,6 +108,7 @@ def check_run(
     corpus a warning.
     """
     from lmsuite.data import tasks as tasks_lib
+    from lmsuite.data import text_files
 
     found = Findings()
     problems = found.problems
@@ -124,6 +125,8 @@ def check_run(
     if provider is not None:
         for sub in _sub_tasks(provider):
             corpus, objective = tasks_lib.PRETRAINING_TASKS.get(sub.name, (None, None))
+            if sub.name in text_files.TEXT_TASKS:  # the user's files: no TFDS data to check
+                objective = text_files.TEXT_TASKS[sub.name].objective
             if model_config is not None:
                 _vocabulary_checks(found, sub, corpus, model_config)
             if corpus is not None:
@@ -164,7 +167,7 @@ def check_run(
 
 
 def _vocabulary_checks(found: Findings, task: seqio.Task, corpus, config: ModelConfig) -> None:
-    from lmsuite.data import corpora
+    from lmsuite.data import corpora, text_files
     from lmsuite.data import tasks as tasks_lib
 
     sizes = {name: _vocab_size(f.vocabulary) for name, f in task.output_features.items()}
@@ -189,6 +192,14 @@ def _vocabulary_checks(found: Findings, task: seqio.Task, corpus, config: ModelC
             f"ids {size}..{config.vocab_size - 1} are never seen. Register the task with your "
             "vocabulary (lmsuite.data.tasks.build_task(corpus, objective, vocab=...)) in a "
             "--task_module, or set ModelConfig.vocab_size"
+        )
+    elif task.name in text_files.TEXT_TASKS and config.vocab_size != size:
+        # The user chose this vocabulary for their text: ids it never produces are a mistake.
+        found.problems.append(
+            f"ModelConfig.vocab_size = {config.vocab_size}, but task {task.name!r} tokenizes with "
+            f"{text_files.TEXT_TASKS[task.name].vocabulary or 'the default vocabulary'} "
+            f"({size} ids): ids {size}..{config.vocab_size - 1} would never be seen; set "
+            f"--gin.ModelConfig.vocab_size={size}"
         )
 
 

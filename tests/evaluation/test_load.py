@@ -233,6 +233,40 @@ def test_load_run_errors_name_the_directory_and_the_steps(run_dir, tmp_path):
         lmsuite.load(tmp_path / "other")
 
 
+def test_relative_and_home_paths_load_and_a_file_is_refused(run_dir, monkeypatch, tmp_path):
+    """Orbax reads absolute paths only: relative and `~` run dirs are resolved first (they
+    used to fail inside Orbax with a TypeError); a file given as the run says so."""
+    parent, name = os.path.split(run_dir)
+    monkeypatch.chdir(parent)
+    relative = lmsuite.load(name)
+    absolute = _flat(lmsuite.load(run_dir).params)
+    assert sorted(_flat(relative.params)) == sorted(absolute)
+    for key, value in _flat(relative.params).items():
+        np.testing.assert_array_equal(value, absolute[key], err_msg=key)
+    assert lmsuite.load(f"./{name}", step=2).source.endswith(f"{name} step 2")
+    monkeypatch.setenv("HOME", parent)
+    assert lmsuite.load(f"~/{name}").source == f"{run_dir} step 4"
+    with pytest.raises(ValueError, match=r"run.json is a file .*lmsuite.load takes a directory"):
+        lmsuite.load(os.path.join(name, "run.json"))
+
+
+def test_every_command_resolves_relative_model_dirs(run_dir, monkeypatch, capsys):
+    parent, name = os.path.split(run_dir)
+    monkeypatch.chdir(parent)
+    assert cli.main(["eval", f"--model_dir={name}", "--max_batches=1"]) == 0
+    assert os.path.join(run_dir, "eval") in capsys.readouterr().out
+    code = cli.main(["eval", f"--model_dir={name}/run.json"])
+    assert code == cli.CONFIG_ERROR_EXIT_CODE
+    assert "--model_dir 'bert/run.json' is a file" in capsys.readouterr().err
+    args = cli.parse_args(["train", "--gin_file=~/x.gin", "--model_dir=~/runs/r"])
+    monkeypatch.setenv("HOME", "/home/someone")
+    cli.resolve_paths(args)
+    assert args.model_dir == "/home/someone/runs/r" and args.gin_file == ["/home/someone/x.gin"]
+    args = cli.parse_args(["train", "--model_dir=gs://bucket/run"])
+    cli.resolve_paths(args)
+    assert args.model_dir == "gs://bucket/run"
+
+
 def test_a_damaged_step_is_named_not_loaded(run_dir, tmp_path):
     copy = shutil.copytree(run_dir, tmp_path / "copy")
     arrays = sorted((copy / "checkpoints" / "4" / "state").rglob("ocdbt.process_0/d/*"))

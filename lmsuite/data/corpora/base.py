@@ -3,7 +3,8 @@
 Each corpus module builds a `Corpus` whose `load` function returns every document in a fixed
 order. Nothing is downloaded until a split is first read, so registering tasks is free.
 Splits are fixed: the documents' ids are sorted, shuffled with `random.Random(split_seed)`, and
-the first `validation_documents` go to validation, the rest to train.
+the first `validation_documents` go to validation, the rest to train; a corpus with its own rule
+(the user's files, `user_files.py`) passes a `splitter` instead.
 
 Every example has the features
   doc_id:    string, the document's stable id (title, file name, line number, ...)
@@ -52,6 +53,8 @@ class Corpus:
     extra_features: Mapping[str, tf.TensorSpec] = dataclasses.field(default_factory=dict)
     split_seed: int = 0
     description: str = ""
+    # The cleaned documents -> {"train": [...], "validation": [...]}; None: the rule above.
+    splitter: Callable[[list[Document]], Mapping[str, list[Document]]] | None = None
 
     def documents(self, split: str) -> list[Document]:
         """The cleaned documents of `split`, in a fixed order."""
@@ -140,6 +143,10 @@ def _split_documents(corpus: Corpus) -> dict[str, list[Document]]:
         ids = sorted(d.doc_id for d in documents)
         if len(set(ids)) != len(ids):
             raise ValueError(f"corpus {corpus.name!r} has duplicate document ids")
+        if corpus.splitter is not None:
+            splits = corpus.splitter(documents)
+            _STATS[corpus.name] = stats
+            return {split: list(splits[split]) for split in SPLITS}
         if not 0 < corpus.validation_documents < len(ids):
             raise ValueError(
                 f"corpus {corpus.name!r} has {len(ids)} documents; cannot hold out "
