@@ -114,7 +114,7 @@ def _lmsuite_pipelines():
             sentences(), sequence_length={"targets": 512}, mask_id=4
         ),
         "mass": lambda: mass.mass(
-            src(), sequence_length={"inputs": 512}, mask_id=4, bos_id=5, vocab_size=VOCAB_SIZE
+            src(), sequence_length={"inputs": 512}, mask_id=4, eos_id=6, vocab_size=VOCAB_SIZE
         ),
         "unilm": lambda: unilm.unilm(
             src(),
