@@ -67,7 +67,7 @@ pretrain: $(STAMP)
 clean:
 	rm -rf $(VENV) $(PEERS) build *.egg-info
 
-# The HF parity table of the README: runs the converter tests and prints each family's max-abs-diff.
+# The HF parity table of benchmarks/RESULTS.md: runs the converter tests and prints each family's max-abs-diff.
 parity: $(STAMP)
 	rm -f .parity.jsonl
 	LMSUITE_PARITY_LOG=$(CURDIR)/.parity.jsonl $(TEST_ENV) $(PY) -m pytest -q -p no:randomly tests/convert

@@ -1,4 +1,4 @@
-"""The README's table of compiled configurations: each production experiment's train step
+"""The table of compiled configurations in docs/tpu.md: each production experiment's train step
 compiled ahead of time for TPU slices on this CPU host (`lmsuite compile`), at its paper's
 global batch.
 

@@ -7,7 +7,7 @@ of the training curves.
 With `--train`, each experiment missing from `runs_dir` runs first (`lmsuite pretrain`, a few
 minutes each on 2 cores); the printed lines of each run are kept in `runs_dir/NAME.log`, which is
 what the table is read from. Writes `runs_dir/encoder_learning.png` and prints a markdown table
-(the README's and benchmarks/RESULTS.md's).
+(docs/research/encoder_twins.md's and benchmarks/RESULTS.md's).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""Prints the README's HF parity table from the JSON lines `make parity` collects.
+"""Prints the HF parity table (benchmarks/RESULTS.md) from the JSON lines `make parity` collects.
 
 One row per family (the worst case over its parity tests), then every comparison.
 """
