@@ -71,8 +71,10 @@ def fill_mask_text(kwargs: dict, model_dir: str) -> list[str]:
     """The finished model's top predictions for one masked word in each of a few held-out
     sentences (none for a model without an MLM head or a task that is not an lmsuite corpus's):
     what the accuracy figure means, on text one can read."""
+    from lmsuite.models import families
+
     config = kwargs["model_config"]
-    if config.architecture != "encoder" or "mlm" not in config.heads:
+    if families.family(config).scores(config) != "mlm":
         return []
     from lmsuite.data import tasks, text_files
 

@@ -17,8 +17,7 @@ import numpy as np
 
 from lmsuite import extras
 from lmsuite.convert import common
-from lmsuite.models import ModelConfig, Transformer
-from lmsuite.models.inputs import validate_inputs
+from lmsuite.models import ModelConfig, Transformer, families
 
 
 def _families() -> dict[str, common.Family]:
@@ -65,12 +64,7 @@ class ConvertedModel:
             **{k: jax.tree.map(_np, v) for k, v in extra.items()},
         )
         # Checked here, on concrete values, since inside jit the ids are tracers.
-        validate_inputs(
-            self.config,
-            kwargs["input_ids"],
-            token_type_ids=kwargs.get("token_type_ids"),
-            decoder_input_ids=kwargs.get("decoder_input_ids"),
-        )
+        families.validate_ids(self.config, kwargs)
         return jax.tree.map(np.asarray, self._apply(self.params, kwargs))
 
     def logits(
@@ -177,7 +171,7 @@ def _checked_ids(special_ids, config: ModelConfig) -> dict[str, Any]:
         )
     ids = {"eos_token_id": special_ids.eos, "bos_token_id": special_ids.bos}
     ids["pad_token_id"] = config.pad_id
-    if config.architecture == "encoder_decoder":
+    if families.family(config).seq2seq:
         ids["decoder_start_token_id"] = config.decoder_start_id
     for name, value in ids.items():
         values = value if isinstance(value, Sequence) else [value]

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import ModelConfig, families
 
 StateDict = dict[str, np.ndarray]
 Params = dict[str, Any]
@@ -146,23 +146,10 @@ def kernel_to_linear(kernel: np.ndarray, n_in: int = 1) -> np.ndarray:
 # ------------------------------------------------------------------------- tree handling
 def abstract_params(config: ModelConfig, *, decoder_length: int | None = None) -> Params:
     """The model's parameter shapes (flat keys), from abstract evaluation: nothing allocated."""
-    model = Transformer(config)
-    # Batch 2: XLNet's bi_data splits the batch into forward and backward halves.
-    ids = jax.ShapeDtypeStruct((2, 8), np.int32)
-    kwargs = {}
-    if config.architecture == "encoder_decoder":
-        kwargs["decoder_input_ids"] = ids
-    if config.architecture == "prefix_lm":
-        kwargs["prefix_mask"] = ids
-    shapes = jax.eval_shape(
-        lambda rng: model.init(rng, np.zeros(ids.shape, np.int32), **_zeros(kwargs)),
-        jax.random.PRNGKey(0),
-    )
+    model = families.Transformer(config)
+    inputs = families.example_inputs(config)
+    shapes = jax.eval_shape(lambda rng: model.init(rng, **inputs), jax.random.PRNGKey(0))
     return traverse_util.flatten_dict(nn.unbox(shapes["params"]), sep="/")
-
-
-def _zeros(kwargs):
-    return {k: np.zeros(v.shape, v.dtype) for k, v in kwargs.items()}
 
 
 def check_params(config: ModelConfig, flat: Mapping[str, np.ndarray]) -> Params:

@@ -2,6 +2,7 @@
 
 from lmsuite.convert.common import Family
 from lmsuite.models import ModelConfig
+from lmsuite.models import families as model_families
 
 # Family modules, each defining FAMILY. A module that is not written yet is simply absent.
 _MODULES = ("bert", "roberta", "albert", "electra", "gpt2", "t5", "bart", "deberta", "xlnet")
@@ -29,18 +30,18 @@ def families_by_class() -> dict[str, Family]:
 def infer_hf_class(config: ModelConfig) -> str:
     """Guesses the HF class from config features; raises when the config has no HF twin."""
     heads = set(config.heads)
-    arch = config.architecture
-    if arch == "xlnet":
+    family = model_families.family(config)
+    if family is model_families.XLNET:
         return "XLNetLMHeadModel"
-    if arch == "decoder" and heads == {"lm"}:
+    if family is model_families.DECODER and heads == {"lm"}:
         return "GPT2LMHeadModel"
-    if arch == "encoder_decoder":
+    if family is model_families.ENCODER_DECODER:
         return (
             "T5ForConditionalGeneration"
             if config.position_type == "t5_relative"
             else ("BartForConditionalGeneration")
         )
-    if arch == "encoder":
+    if family is model_families.ENCODER:
         if config.position_type == "deberta":
             # v1's in_proj has no key bias; v2/v3 (with or without log buckets) have one.
             return "DebertaV2ForMaskedLM" if config.use_key_bias else "DebertaForMaskedLM"
@@ -57,6 +58,6 @@ def infer_hf_class(config: ModelConfig) -> str:
         if heads == {"mlm"}:
             return "BertForMaskedLM"
     raise ValueError(
-        f"no HF class matches architecture={arch!r}, heads={sorted(heads)}, "
+        f"no HF class matches {model_families.describe(config)}, heads={sorted(heads)}, "
         f"position_type={config.position_type!r}; pass hf_class= explicitly"
     )

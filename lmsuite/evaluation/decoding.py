@@ -19,7 +19,7 @@ count real tokens only (cumsum of the mask, padded positions 0). A prefix-LM's p
 bidirectional prefix.
 
 The prefill, every step and the stopping tests run in one jitted function around one
-`jax.lax.while_loop`, with a key/value cache of the decoder (`Transformer(..., cache=...)`),
+`jax.lax.while_loop`, with a key/value cache of the decoder (`families.init_cache`),
 or, with `use_cache=False`, a full forward over the whole fixed-length buffer at each step
 (causality makes the unwritten positions irrelevant), kept to test the cache against.
 """
@@ -34,9 +34,8 @@ import numpy as np
 
 from lmsuite.evaluation import beam_search
 from lmsuite.evaluation.logits_processing import process, warp
+from lmsuite.models import families
 from lmsuite.models.config import ModelConfig
-from lmsuite.models.inputs import DECODING_ARCHITECTURES, init_cache
-from lmsuite.models.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +147,7 @@ def generate(
             )
     if pad_token_id is None and eos is not None:
         pad_token_id = eos[0]
-    encoder_decoder = config.architecture == "encoder_decoder"
+    encoder_decoder = families.family(config).seq2seq
     batch, prompt_length = input_ids.shape
     if encoder_decoder:
         _check_positions(config, "encoder input_ids", prompt_length, 0)
@@ -161,7 +160,7 @@ def generate(
         if decoder_start_token_id is not None:
             raise ValueError(
                 f"decoder_start_token_id={decoder_start_token_id} is for encoder-decoder models, "
-                f"not architecture={config.architecture!r}"
+                f"not {families.describe(config)}"
             )
         _check_positions(config, "prompt", prompt_length, max_new_tokens)
         decoder_prompt = input_ids
@@ -204,10 +203,10 @@ def _check_options(
     min_new_tokens,
     no_repeat_ngram_size,
 ):
-    if config.architecture not in DECODING_ARCHITECTURES or "lm" not in config.heads:
+    if not families.family(config).can_generate(config):
         raise ValueError(
-            f"cannot decode architecture={config.architecture!r} with heads={config.heads!r}; "
-            f"generate needs one of {DECODING_ARCHITECTURES} with an 'lm' head"
+            f"cannot decode {families.describe(config)} with heads={config.heads!r}; generate "
+            f"needs one of {families.decoding_architectures()} with an 'lm' head"
         )
     checks = (
         ("max_new_tokens", max_new_tokens, "an int >= 1", _is_int(max_new_tokens, 1)),
@@ -288,7 +287,8 @@ def _model_inputs(plan: Plan, decoder_prompt, input_ids, attention_mask) -> dict
     tokens = np.full((batch, plan.total_length), beam_search.fill_value(plan), np.int64)
     tokens[:, :prompt] = decoder_prompt
     inputs = {"tokens_NT": rows(tokens)}
-    if plan.config.architecture == "encoder_decoder":
+    family = families.family(plan.config)
+    if family.seq2seq:
         inputs["encoder_ids_NS"] = rows(input_ids)
         inputs["encoder_mask_NS"] = rows(attention_mask)
         return inputs
@@ -298,7 +298,7 @@ def _model_inputs(plan: Plan, decoder_prompt, input_ids, attention_mask) -> dict
     inputs["positions_NT"] = rows(positions)
     buffer_mask = np.concatenate([mask, np.ones((batch, new), mask.dtype)], axis=1)
     inputs["mask_NT"] = None if attention_mask is None else rows(buffer_mask)
-    if plan.config.architecture == "prefix_lm":
+    if family.prefix:
         inputs["prefix_NT"] = rows(buffer_mask * (np.arange(plan.total_length) < prompt))
     return inputs
 
@@ -316,14 +316,17 @@ class Steps:
     inputs: dict
 
     def _apply(self, params, tokens, **kwargs):
-        model = Transformer(self.plan.config)
+        model = families.Transformer(self.plan.config)
         x = self.inputs
-        if self.plan.config.architecture == "encoder_decoder":
+        if families.family(self.plan.config).seq2seq:
+            # Cached steps go through the encoder-decoder's `decode` method.
+            method = "decode" if "cache" in kwargs else None
             return model.apply(
                 {"params": params},
                 kwargs.pop("encoder_ids", x["encoder_ids_NS"]),
                 attention_mask=x["encoder_mask_NS"],
                 decoder_input_ids=tokens,
+                method=method,
                 **kwargs,
             )
         positions = kwargs.pop("positions")
@@ -340,7 +343,7 @@ class Steps:
         prompt = self.plan.prompt_length
         if not self.plan.use_cache:
             return self.step(params, None, tokens_NT, prompt)
-        cache = init_cache(
+        cache = families.init_cache(
             self.plan.config, batch_size=tokens_NT.shape[0], length=self.plan.total_length
         )
         kwargs = dict(cache=cache, cache_index=0)

@@ -39,7 +39,7 @@ import seqio
 
 from lmsuite.evaluation import run_config
 from lmsuite.evaluation.load import committed_steps, load_run
-from lmsuite.models import ModelConfig, Transformer, memory_shapes
+from lmsuite.models import ModelConfig, Transformer, families, memory_shapes
 from lmsuite.training import input_pipeline, recipes, step
 
 EVAL_DIR = "eval"
@@ -94,7 +94,7 @@ def resolve(
         keys.
     """
     from lmsuite.data import tasks  # noqa: F401  (registers the lmsuite tasks)
-    from lmsuite.training.preflight import nearest
+    from lmsuite.did_you_mean import nearest
 
     run = run_config.read_run_config(model_dir)
     loaded = load_run(model_dir, step)  # raises the checkpoint and step errors
@@ -229,7 +229,7 @@ def _with_evaluator(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, f
     task = seqio.get_mixture_or_task(req.task)
     if not isinstance(task, seqio.Task):
         raise ValueError(f"{req.task!r} is a mixture; evaluate one of its tasks")
-    sequences = req.model_config.architecture == "encoder_decoder"
+    sequences = families.family(req.model_config).seq2seq
     name = f"{req.task}.lmsuite_eval"
     seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add_provider(

@@ -25,7 +25,7 @@ import optax
 from flax import traverse_util
 
 from lmsuite.evaluation import finetune_data
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import ModelConfig, Transformer, families
 from lmsuite.training import optimizers
 
 
@@ -202,9 +202,9 @@ def fit(
 # ------------------------------------------------------------------------ classification
 def classifier_model(config: ModelConfig, *, num_labels: int, dropout_rate=None):
     """The encoder's config with only the pooled `classifier` head, `num_labels` wide."""
-    if config.architecture != "encoder":
+    if not families.family(config).bidirectional:
         raise ValueError(
-            f"classification probes fine-tune an encoder; got architecture {config.architecture!r}"
+            f"classification probes fine-tune an encoder; got {families.describe(config)}"
         )
     if num_labels < 2:
         raise ValueError(f"num_labels must be >= 2, got {num_labels}")

@@ -25,6 +25,7 @@ import json
 import os
 from typing import Any
 
+from lmsuite.models import families
 from lmsuite.models.config import ModelConfig
 
 # The options lmsuite implements, with HF's global default (None: unset).
@@ -202,7 +203,7 @@ def resolve(
         pad_token_id=merged["pad_token_id"],
         use_cache=_or(merged["use_cache"], True),
     )
-    if config.architecture == "encoder_decoder":
+    if families.family(config).seq2seq:
         start = merged["decoder_start_token_id"]
         start = merged["bos_token_id"] if start is None else start
         options["decoder_start_token_id"] = fallback_start_id if start is None else start

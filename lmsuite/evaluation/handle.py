@@ -28,7 +28,7 @@ from lmsuite.convert import ConvertedModel, TokenIds, to_hf
 from lmsuite.evaluation import fill_mask as fill_mask_lib
 from lmsuite.evaluation import generation_config as generation_lib
 from lmsuite.evaluation import scoring
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import ModelConfig, Transformer, families
 
 PAD_MULTIPLE = 8  # batches are padded to a multiple of this: fewer shapes to compile
 
@@ -151,7 +151,7 @@ class LoadedModel:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"LoadedModel({self.source!r}: {c.architecture}, heads={c.heads}, "
+            f"LoadedModel({self.source!r}: {families.family(c).name}, heads={c.heads}, "
             f"d_model={c.d_model}, layers={c.num_layers}, vocab={c.vocab_size})"
         )
 
@@ -192,21 +192,14 @@ class LoadedModel:
     @property
     def kind(self) -> str:
         """What `score` computes: "mlm", "causal", "seq2seq" (or "other": nothing)."""
-        cfg = self.config
-        if cfg.architecture == "encoder_decoder":
-            return "seq2seq"
-        if cfg.architecture == "decoder" and "lm" in cfg.heads:
-            return "causal"
-        if cfg.architecture == "encoder" and "mlm" in cfg.heads:
-            return "mlm"
-        return "other"
+        return families.family(self.config).scores(self.config) or "other"
 
     def fill_mask(self, text_or_texts: str | Sequence[str], top_k: int = 5):
         """HF fill-mask pipeline's output for the same texts (see `fill_mask.fill_mask`)."""
         if self.kind != "mlm":
             raise ValueError(
                 f"fill_mask needs an encoder with an MLM head; this model is a "
-                f"{self.config.architecture} with heads {self.config.heads}"
+                f"model of {families.describe(self.config)} with heads {self.config.heads}"
             )
         vocab = self._require_vocab("fill_mask")
         return fill_mask_lib.fill_mask(
@@ -233,15 +226,15 @@ class LoadedModel:
             )
         raise ValueError(
             f"score covers MLM encoders, causal decoders and seq2seq models; this model is a "
-            f"{self.config.architecture} with heads {self.config.heads}"
+            f"model of {families.describe(self.config)} with heads {self.config.heads}"
         )
 
     def encode(self, texts: str | Sequence[str]) -> Encoded:
         """Final hidden states of each text and their mean (`Encoded`)."""
-        if self.config.architecture not in ("encoder", "decoder"):
+        if not families.family(self.config).one_stack:
             raise ValueError(
                 f"encode reads one stack's states: an encoder or a decoder, not "
-                f"{self.config.architecture!r}"
+                f"{families.describe(self.config)}"
             )
         vocab = self._require_vocab("encode")
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -262,7 +255,7 @@ class LoadedModel:
         rows = [vocab.encode(t) for t in texts]
         ids, mask, types, _ = self._inputs(rows)
         kwargs = {"attention_mask": mask} | ({} if types is None else {"token_type_ids": types})
-        if self.config.architecture == "encoder_decoder":
+        if families.family(self.config).seq2seq:
             kwargs["decoder_input_ids"] = np.zeros((len(rows), 1), np.int32)
         _, state = Transformer(self.config).apply(
             {"params": self.params}, ids, **kwargs, mutable=["intermediates"]
@@ -274,8 +267,8 @@ class LoadedModel:
         if found is None or (key not in stack and layer >= len(found)):
             raise ValueError(
                 f"no attention weights for layer {layer}: the stack has {sorted(stack)} (a "
-                f"{self.config.architecture} of {self.config.num_layers} layers; DeBERTa's and "
-                "XLNet's attention layers record none)"
+                f"{families.family(self.config).name} of {self.config.num_layers} layers; "
+                "DeBERTa's and XLNet's attention layers record none)"
             )
         probs_BHLM = np.asarray(found[0] if key in stack else found[layer])
         return [
@@ -309,7 +302,7 @@ class LoadedModel:
         if self.vocab is not None:
             ids |= {"eos_token_id": self.vocab.token_id("eos_token")}
             ids |= {"bos_token_id": self.vocab.token_id("bos_token")}
-        if self.config.architecture == "encoder_decoder":
+        if families.family(self.config).seq2seq:
             ids["decoder_start_token_id"] = self.decoder_start_id
         stored = {k: v for k, v in ids.items() if v is not None}
         return stored, f"the special ids of {self.source or 'this model'}"
@@ -338,7 +331,7 @@ class LoadedModel:
         if given_text:
             vocab = self._require_vocab("generate on text")
             texts = [inputs] if isinstance(inputs, str) else list(inputs)
-            framing = self.config.architecture == "encoder_decoder"
+            framing = families.family(self.config).seq2seq
             rows = [vocab.encode(t, add_special_tokens=framing) for t in texts]
             pad = dict(pad_id=self.config.pad_id)
             input_ids, attention_mask = (
@@ -352,7 +345,7 @@ class LoadedModel:
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         stored, source = self._generation()
-        encoder_decoder = self.config.architecture == "encoder_decoder"
+        encoder_decoder = families.family(self.config).seq2seq
         resolved = generation_lib.resolve(
             stored,
             options,

@@ -21,6 +21,7 @@ import numpy as np
 from lmsuite.convert import common, from_hf
 from lmsuite.evaluation import run_config, tokenizer_export
 from lmsuite.evaluation.handle import LoadedModel, forward_for
+from lmsuite.models import families
 from lmsuite.training import checkpointing
 
 CHECKPOINTS = "checkpoints"
@@ -121,7 +122,7 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
     params = common.check_params(config, common.flatten(restore_params(f"{step_dir}/{STATE_ITEM}")))
     vocab = None
     if run.task is not None:
-        template = tokenizer_export.template_for(config.architecture)
+        template = tokenizer_export.template_for(config)
         vocab = tokenizer_export.SentencePieceText(task_vocabulary(run.task), template=template)
     forward, hf_class = forward_for(config, params)
     return LoadedModel(
@@ -129,7 +130,9 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
         vocab=vocab,
         hf_class=hf_class,
         decoder_start_id=config.decoder_start_id,
-        causal_start_id=config.decoder_start_id if config.architecture == "decoder" else None,
+        causal_start_id=(
+            config.decoder_start_id if families.family(config).scores(config) == "causal" else None
+        ),
         source=f"{model_dir} step {step}",
     )
 

@@ -27,7 +27,7 @@ from lmsuite import extras
 from lmsuite import partitioning as P
 from lmsuite.evaluation import finetune, squad
 from lmsuite.layers.dense import DenseGeneral, default_kernel_init
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import ModelConfig, Transformer, families
 
 HF_QA_CLASS = "BertForQuestionAnswering"
 
@@ -232,8 +232,10 @@ def finetune_qa(
             params["span_head"] = converted.params["span_head"]
     else:
         loaded = finetune.open_model(model_or_path)
-        if loaded.config.architecture != "encoder":
-            raise ValueError(f"extractive QA needs an encoder, got {loaded.config.architecture}")
+        if not families.family(loaded.config).bidirectional:
+            raise ValueError(
+                f"extractive QA needs an encoder, got {families.describe(loaded.config)}"
+            )
         vocab, source = loaded.vocab, loaded.source
         config, params = qa_params(
             loaded.config, loaded.params, seed=seed, from_scratch=from_scratch

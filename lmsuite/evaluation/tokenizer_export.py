@@ -25,6 +25,7 @@ import re
 import numpy as np
 
 from lmsuite import extras
+from lmsuite.models import ModelConfig, families
 
 # The HF roles of the lmsuite special pieces (lmsuite.data.vocab's id layout).
 _LMSUITE_ROLES = {
@@ -40,9 +41,9 @@ TEMPLATES = ("cls_sep", "eos", "none")
 _WORD_START = "\u2581"
 
 
-def template_for(architecture: str) -> str:
+def template_for(config: ModelConfig) -> str:
     """How an lmsuite task frames a text: encoders `[CLS] x [SEP]`, the others `x </s>`."""
-    return "cls_sep" if architecture == "encoder" else "eos"
+    return "cls_sep" if families.family(config).bidirectional else "eos"
 
 
 class SentencePieceText:

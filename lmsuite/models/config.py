@@ -8,7 +8,6 @@ import jax.numpy as jnp
 from lmsuite.layers.mlp import ACTIVATIONS
 from lmsuite.layers.norm import NORM_TYPES
 
-ARCHITECTURES = ("encoder", "decoder", "prefix_lm", "encoder_decoder", "xlnet")
 POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "none")
 SHARING = ("none", "all", "attention", "ffn")
 HEADS = ("mlm", "lm", "classifier", "rtd", "sbo")
@@ -280,7 +279,6 @@ class ModelConfig:
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
 
-        choice("architecture", ARCHITECTURES)
         choice("position_type", POSITION_TYPES)
         choice("share_layers", SHARING)
         choice("norm_type", NORM_TYPES)
@@ -308,16 +306,6 @@ class ModelConfig:
         unknown = [h for h in self.heads if h not in HEADS]
         if unknown:
             raise ValueError(f"unknown heads {unknown}; expected a subset of {HEADS}")
-        if self.architecture == "encoder" and "lm" in self.heads:
-            raise ValueError("an encoder has no causal `lm` head; use `mlm`")
-        if self.architecture != "encoder" and {"mlm", "rtd"} & set(self.heads):
-            raise ValueError(
-                f"heads mlm/rtd need architecture='encoder', got {self.architecture!r}"
-            )
-        if self.architecture != "encoder" and "sbo" in self.heads:
-            raise ValueError(f"head sbo needs architecture='encoder', got {self.architecture!r}")
-        if self.position_type == "deberta" and self.architecture != "encoder":
-            raise ValueError("position_type='deberta' is implemented for encoders only")
         bad_types = [t for t in self.deberta_pos_att_type if t not in ("c2p", "p2c")]
         if bad_types or len(set(self.deberta_pos_att_type)) != len(self.deberta_pos_att_type):
             raise ValueError(
@@ -333,20 +321,15 @@ class ModelConfig:
         max_rel = self.deberta_max_relative_positions
         if max_rel != -1 and max_rel < 1:
             raise ValueError(f"deberta_max_relative_positions must be -1 or >= 1, got {max_rel}")
-        if self.share_layers != "none" and self.architecture == "encoder_decoder":
-            raise ValueError("cross-layer sharing is implemented for single-stack models only")
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value}")
-        self._validate_xlnet()
-        if self.electra is not None and (
-            self.architecture != "encoder" or set(self.heads) != {"mlm", "rtd"}
-        ):
-            raise ValueError(
-                "ModelConfig.electra needs architecture='encoder' and heads=('mlm', 'rtd') (the "
-                f"generator's and the discriminator's), got {self.architecture!r}, {self.heads!r}"
-            )
+        # The family's own checks (heads it carries, options it reads): `families.check`. Imported
+        # here because the family modules import this one.
+        from lmsuite.models import families
+
+        families.check(self)
 
     def _validate_emd(self):
         n = self.deberta_emd_layers
@@ -374,37 +357,4 @@ class ModelConfig:
             raise ValueError(
                 f"deberta_emd_layers={n} reads the second-to-last layer: needs num_layers >= 2, "
                 f"got {self.num_layers}"
-            )
-
-    def _validate_xlnet(self):
-        if self.architecture != "xlnet":
-            if self.xlnet is not None:
-                raise ValueError(
-                    f"ModelConfig.xlnet is for architecture='xlnet', not {self.architecture!r}"
-                )
-            return
-        if not isinstance(self.xlnet, XLNetOptions):
-            raise ValueError(
-                f"architecture='xlnet' needs ModelConfig.xlnet=XLNetOptions(...), "
-                f"got {self.xlnet!r}"
-            )
-        if tuple(self.heads) != ("lm",):
-            raise ValueError(f"architecture='xlnet' has heads=('lm',) only, got {self.heads!r}")
-        # Options the XLNet module does not read: refuse them rather than drop them silently.
-        expected = dict(
-            share_layers="none",
-            embedding_dim=None,
-            project_embeddings=False,
-            norm_type="layernorm",
-            norm_position="post",
-        )
-        for name, value in expected.items():
-            if getattr(self, name) != value:
-                raise ValueError(
-                    f"architecture='xlnet' needs ModelConfig.{name}={value!r}, "
-                    f"got {getattr(self, name)!r}"
-                )
-        if self.d_model % 2:
-            raise ValueError(
-                f"architecture='xlnet' needs an even d_model for its sinusoids, got {self.d_model}"
             )

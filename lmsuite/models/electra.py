@@ -25,6 +25,7 @@ from lmsuite.layers.dense import DenseGeneral, default_kernel_init
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
 from lmsuite.models.heads import ReplacedTokenHead, VocabHead, gather_positions
+from lmsuite.models.inputs import validate_inputs
 from lmsuite.models.stack import Stack
 
 # Embedding options the shared embedding layer does not take (it stops at width E).
@@ -174,6 +175,7 @@ class ElectraPretrainer(nn.Module):
         deterministic: bool = True,
     ) -> dict[str, jax.Array]:
         cfg = self.config
+        validate_inputs(cfg, input_ids, token_type_ids=token_type_ids)
         gen_cfg, disc_cfg = generator_config(cfg), discriminator_config(cfg)
         if attention_mask is not None and attention_mask.ndim != 2:
             raise ValueError(

@@ -1,14 +1,12 @@
-"""Checks of the Transformer's inputs (ids in range, shapes that agree, lengths the position
-table holds) and the key/value cache layout of cached decoding: everything `Transformer` verifies
-or allocates before it runs."""
+"""Checks of the models' inputs (ids in range, shapes that agree, lengths the position table
+holds) and the self-attention mask they build from them, shared by the family modules."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lmsuite.models import stack
+from lmsuite.layers import masks
 from lmsuite.models.config import ModelConfig
-from lmsuite.models.two_stream import validate_inputs as validate_two_stream_inputs
 
 
 def _is_concrete(x) -> bool:
@@ -52,17 +50,11 @@ def validate_inputs(
     token_type_ids=None,
     position_ids=None,
     segment_ids=None,
-    prefix_mask=None,
     decoder_input_ids=None,
 ):
-    """Raises ValueError for inputs the model cannot take; id ranges are checked when concrete."""
+    """Raises ValueError for token inputs a single- or two-stack model cannot take; id ranges
+    are checked when concrete (outside jit)."""
     cfg = config
-    if cfg.architecture == "xlnet":
-        others = dict(position_ids=position_ids, segment_ids=segment_ids, prefix_mask=prefix_mask)
-        others["decoder_input_ids"] = decoder_input_ids
-        refuse_given(others, "architecture='xlnet'")
-        validate_two_stream_inputs(cfg, input_ids, token_type_ids=token_type_ids)
-        return
     check_ids("input_ids", input_ids, cfg.vocab_size)
     check_length(cfg, "input_ids", input_ids.shape[1])
     if token_type_ids is not None:
@@ -72,39 +64,36 @@ def validate_inputs(
         check_same_shape("token_type_ids", token_type_ids, "input_ids", input_ids)
     for name, x in (("position_ids", position_ids), ("segment_ids", segment_ids)):
         check_same_shape(name, x, "input_ids", input_ids)
-    if prefix_mask is not None and cfg.architecture != "prefix_lm":
-        raise ValueError(f"prefix_mask is for architecture='prefix_lm', not {cfg.architecture!r}")
-    if cfg.architecture == "prefix_lm" and prefix_mask is None:
-        raise ValueError("architecture='prefix_lm' needs prefix_mask (B, L)")
-
     if decoder_input_ids is not None:
-        if cfg.architecture != "encoder_decoder":
-            raise ValueError(f"decoder_input_ids given to architecture={cfg.architecture!r}")
         check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
         check_length(cfg, "decoder_input_ids", decoder_input_ids.shape[1])
 
 
-DECODING_ARCHITECTURES = ("decoder", "prefix_lm", "encoder_decoder")
-
-
-def init_cache(config: ModelConfig, *, batch_size: int, length: int) -> dict:
-    """An empty key/value cache of the decoder stack for `length` positions (`stack.init_cache`).
-
-    An encoder-decoder's first cached call adds each layer's "cross_attention" keys/values of
-    the encoder output; later calls then skip the encoder and take input_ids=None.
-    """
-    if config.architecture not in DECODING_ARCHITECTURES:
-        raise ValueError(
-            f"architecture={config.architecture!r} cannot decode with a cache; expected one of "
-            f"{DECODING_ARCHITECTURES}"
-        )
-    encoder_decoder = config.architecture == "encoder_decoder"
-    return stack.init_cache(
-        config,
-        num_layers=config.decoder_layers if encoder_decoder else config.num_layers,
-        batch_size=batch_size,
-        length=length,
-    )
+def self_attention_mask(
+    config: ModelConfig, length: int, *, attention_mask, segment_ids, causal, prefix_mask
+):
+    """The (B, 1, L, L) mask of one stack's self-attention: padding (or a full (B, L, L)
+    mask), causal order or a bidirectional prefix, and packed segments."""
+    pad = None
+    if attention_mask is not None:
+        if attention_mask.shape[1] != length or attention_mask.shape[-1] != length:
+            raise ValueError(
+                f"attention_mask must be (B, {length}) or (B, {length}, {length}), "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if attention_mask.ndim == 3:
+            pad = masks.full_mask(attention_mask)
+        elif config.mask_padded_queries:
+            pad = masks.query_key_padding_mask(attention_mask)
+        else:
+            pad = masks.padding_mask(attention_mask)
+    order = None
+    if prefix_mask is not None:
+        order = masks.prefix_lm_mask(prefix_mask)
+    elif causal:
+        order = masks.causal_mask(length)
+    seg = None if segment_ids is None else masks.segment_mask(segment_ids, segment_ids)
+    return masks.combine(pad, order, seg)
 
 
 def refuse_given(inputs: dict, what: str):

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from lmsuite.models import families
 from lmsuite.models.config import ModelConfig
-from lmsuite.models.transformer import Transformer
 
 # Lookup tables count as "embedding" parameters (Kaplan et al. 2020): tokens, types, positions.
 _EMBEDDING_TABLES = ("token_embedder/", "type_embedder/", "position_embedder/")
@@ -16,14 +16,9 @@ _EMBEDDING_TABLES = ("token_embedder/", "type_embedder/", "position_embedder/")
 
 def abstract_variables(config: ModelConfig, *, length: int = 8):
     """`Transformer(config).init` evaluated on shapes: boxed params, nothing allocated."""
-    model = Transformer(config)
-    ids = np.zeros((2, length), np.int32)  # batch 2: XLNet's bi_data needs an even batch
-    kwargs = {}
-    if config.architecture == "encoder_decoder":
-        kwargs["decoder_input_ids"] = ids
-    if config.architecture == "prefix_lm":
-        kwargs["prefix_mask"] = ids
-    return jax.eval_shape(lambda rng: model.init(rng, ids, **kwargs), jax.random.PRNGKey(0))
+    model = families.Transformer(config)
+    inputs = families.example_inputs(config, length=length)
+    return jax.eval_shape(lambda rng: model.init(rng, **inputs), jax.random.PRNGKey(0))
 
 
 def summarize(config: ModelConfig) -> dict:

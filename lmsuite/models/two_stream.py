@@ -15,8 +15,8 @@ keeps every row open (non-target tokens and memory are visible to all).
 
 Parameters (flat paths): `token_embedder`, `mask_emb`, `layers_{i}/attention/{query,key,value,
 position,out}` and its biases, `layers_{i}/{post_attention_norm,mlp,post_mlp_norm}`,
-`relative_biases` when untie_r=False, and `lm_head`. `Transformer(config)` builds this module in
-its own scope for architecture="xlnet", so these paths sit at the top of the tree.
+`relative_biases` when untie_r=False, and `lm_head`. `Transformer(config)` is this module for
+architecture="xlnet" (`families.XLNET`), so these paths sit at the top of the tree.
 """
 
 from collections.abc import Sequence
@@ -349,9 +349,10 @@ def memory_shapes(config: ModelConfig, batch_size: int) -> tuple[jax.ShapeDtypeS
     Raises:
       ValueError: not architecture="xlnet", or no fixed `XLNetOptions.mem_len`.
     """
-    if config.architecture != "xlnet":
+    if config.xlnet is None:  # set exactly for architecture="xlnet"
         raise ValueError(
-            f"only architecture='xlnet' carries memory between steps, got {config.architecture!r}"
+            "only architecture='xlnet' carries memory between steps; this config has no "
+            "ModelConfig.xlnet"
         )
     if config.xlnet.mem_len is None:
         raise ValueError(

@@ -7,13 +7,13 @@ raises on the problems for callers that skip the CLI.
 """
 
 import dataclasses
-import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import seqio
 
-from lmsuite.models import ModelConfig
+from lmsuite.did_you_mean import nearest
+from lmsuite.models import ModelConfig, families
 from lmsuite.training import recipes
 
 
@@ -23,12 +23,6 @@ class Findings:
 
     problems: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
-
-
-def nearest(name: str, options) -> str:
-    """ "; did you mean 'x'?" for the closest of `options`, or "" when none is close."""
-    close = difflib.get_close_matches(name, sorted(set(options)), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _vocab_size(vocabulary) -> int:
@@ -297,10 +291,10 @@ def recipe_run_problems(
         elif recipe.check_lengths is not None:
             out.extend(f"{where}: {p}" for p in recipe.check_lengths(lengths))
     if model_config is not None:
-        if model_config.architecture not in recipe.architectures:
+        if not families.accepts(model_config, recipe.architectures):
             out.append(
                 f"{where} needs ModelConfig.architecture in {list(recipe.architectures)}, got "
-                f"{model_config.architecture!r}"
+                f"{families.describe(model_config)}"
             )
         missing_heads = [h for h in recipe.heads if h not in model_config.heads]
         if missing_heads:

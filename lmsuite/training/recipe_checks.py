@@ -19,8 +19,8 @@ def xlnet_rows(task: str, rows: int) -> str:
 
 
 def xlnet_model_problems(config: ModelConfig, lengths: Mapping[str, int] | None) -> list[str]:
-    if config.architecture != "xlnet":
-        return []  # the architecture check names it
+    if config.xlnet is None:  # not an XLNet: the architecture check names it
+        return []
     opts, out = config.xlnet, []
     if opts.mem_len is None:
         out.append(

@@ -190,7 +190,7 @@ def test_bad_span_inputs_and_configs_are_refused_by_name():
     spans = dict(_spans(positions), span_right_positions=RIGHT + L)
     with pytest.raises(ValueError, match=r"span_right_positions holds position 1[0-9]"):
         model.apply(params, ids, **spans)
-    with pytest.raises(ValueError, match="head sbo needs architecture='encoder'"):
+    with pytest.raises(ValueError, match=r"heads \['sbo'\] need another architecture: 'decoder'"):
         _config(architecture="decoder", heads=("lm", "sbo"))
     with pytest.raises(ValueError, match="sbo_max_span must be a positive int"):
         _config(sbo_max_span=0)

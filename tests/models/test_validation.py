@@ -17,7 +17,14 @@ TINY = dict(vocab_size=50, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_l
         (dict(d_model=30, num_heads=4), "d_model=30 is not divisible by num_heads=4"),
         (dict(activation="gelu2"), "activation must be one of"),
         (dict(heads=("mlm", "nsp")), "unknown heads \\['nsp'\\]"),
-        (dict(architecture="decoder", heads=("mlm",)), "heads mlm/rtd need architecture"),
+        (
+            dict(architecture="decoder", heads=("mlm",)),
+            r"heads \['mlm'\] need another architecture: 'decoder' takes heads from",
+        ),
+        (
+            dict(architecture="encoder_decoder", heads=("lm",)),
+            "an encoder-decoder reads no token types: .*type_vocab_size must be 0, got 2",
+        ),
         (dict(dropout_rate=1.5), "dropout_rate must lie in \\[0, 1\\), got 1.5"),
         (dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
     ],
@@ -57,14 +64,20 @@ def test_bad_inputs_are_named():
         apply(ids, attention_mask=jnp.ones((2, 4)))
     with pytest.raises(ValueError, match="masked_positions must be \\(batch=2, P\\)"):
         apply(ids, masked_positions=jnp.zeros((3,), jnp.int32))
-    with pytest.raises(ValueError, match="prefix_mask is for architecture='prefix_lm'"):
+    # Each family's module takes its own inputs only: an encoder has no prefix.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prefix_mask'"):
         apply(ids, prefix_mask=jnp.ones_like(ids))
+    decoder = ModelConfig(**TINY, architecture="decoder", heads=("lm",))
+    decoder_model, decoder_variables = _init(decoder, ids)
+    with pytest.raises(ValueError, match="prefix_mask is for architecture='prefix_lm'"):
+        decoder_model.apply(decoder_variables, ids, prefix_mask=jnp.ones_like(ids))
 
 
 def test_architecture_specific_inputs_are_required():
     ids = jnp.ones((1, 4), jnp.int32)
     with pytest.raises(ValueError, match="needs decoder_input_ids"):
-        _init(ModelConfig(**TINY, architecture="encoder_decoder", heads=("lm",)), ids)
+        seq2seq = dict(architecture="encoder_decoder", heads=("lm",), type_vocab_size=0)
+        _init(ModelConfig(**TINY, **seq2seq), ids)
     with pytest.raises(ValueError, match="needs prefix_mask"):
         _init(ModelConfig(**TINY, architecture="prefix_lm", heads=("lm",)), ids)
 
