@@ -18,6 +18,8 @@ from pathlib import Path
 import gin
 import gin.config_parser as gin_parser
 
+from lmsuite.did_you_mean import nearest
+
 
 def _no_accelerator_here() -> bool:
     """True on a host with libtpu installed (the `tpu` extra, for `lmsuite compile`) but no TPU
@@ -123,10 +125,7 @@ def _references(value):
             yield from _references(v)
 
 
-def _nearest(name: str, options) -> str:
-    from lmsuite.training.preflight import nearest  # one rule for every "did you mean"
-
-    return nearest(name, options)
+_nearest = nearest  # one rule for every "did you mean" (lmsuite.did_you_mean)
 
 
 def _find_file(name: str, search_paths: list[Path]) -> Path | None:

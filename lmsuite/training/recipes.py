@@ -27,6 +27,7 @@ from lmsuite.data import feature_converters as fc
 from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import mass, span_corruption, spanbert
 from lmsuite.data.preprocessors import mlm as mlm_lib
+from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig
 from lmsuite.models import electra as electra_model
 from lmsuite.objectives import Objective, plm, seq2seq
@@ -417,8 +418,6 @@ class Built:
 def get(name: str) -> Recipe:
     """The row called `name`; a ValueError names the rows (and the closest one)."""
     if name not in RECIPES:
-        from lmsuite.training.preflight import nearest  # preflight imports this table
-
         pending = f" ({name!r} is data-only: {DATA_ONLY[name].reason})" if name in DATA_ONLY else ""
         raise ValueError(
             f"unknown recipe {name!r}{nearest(name, RECIPES)}{pending}; the recipes are "

@@ -136,9 +136,7 @@ def test_loss_is_mean_mlm_plus_weighted_mean_sbo_as_numpy_computes_it():
         "mlm_logits": rng.normal(size=(2, 4, 11)).astype(np.float32),
         "sbo_logits": rng.normal(size=(2, 4, 11)).astype(np.float32),
     }
-    objective = objectives.make_objective(
-        name="span_boundary", sbo_weight=0.5, excluded_boundary_ids=(CLS, SEP)
-    )
+    objective = objectives.span_boundary(sbo_weight=0.5, excluded_boundary_ids=(CLS, SEP))
     denominators = objective.denominators(batch)
     total, metrics = objective.loss_and_metrics(outputs, batch, denominators)
 
