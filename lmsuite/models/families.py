@@ -214,9 +214,14 @@ def accepts(config: ModelConfig, architectures: Sequence[str]) -> bool:
     return config.architecture in architectures
 
 
+def architecture_name(config: ModelConfig) -> str:
+    """The config's architecture name, for messages (ask the row for anything else)."""
+    return config.architecture
+
+
 def describe(config: ModelConfig) -> str:
     """`architecture='...'` for messages."""
-    return f"architecture={config.architecture!r}"
+    return f"architecture={architecture_name(config)!r}"
 
 
 # ------------------------------------------------------------------------- building
@@ -277,6 +282,16 @@ def validate_ids(config: ModelConfig, inputs: dict):
         token_type_ids=inputs.get("token_type_ids"),
         decoder_input_ids=inputs.get("decoder_input_ids"),
     )
+
+
+def memory_shapes(config: ModelConfig, batch_size: int) -> tuple:
+    """The memory an XLNet training state carries from step to step
+    (`two_stream.memory_shapes`); ValueError for any other family."""
+    if family(config) is not XLNET:
+        raise ValueError(
+            f"only architecture='xlnet' carries memory between steps, got {architecture_name(config)!r}"
+        )
+    return two_stream.memory_shapes(config, batch_size)
 
 
 def decoding_architectures() -> tuple[str, ...]:

@@ -347,13 +347,9 @@ def memory_shapes(config: ModelConfig, batch_size: int) -> tuple[jax.ShapeDtypeS
     keeps one shape; the first step's memory is zeros, as the reference's `init_mems`.
 
     Raises:
-      ValueError: not architecture="xlnet", or no fixed `XLNetOptions.mem_len`.
+      ValueError: no fixed `XLNetOptions.mem_len` (`families.memory_shapes` refuses other
+        families first).
     """
-    if config.xlnet is None:  # set exactly for architecture="xlnet"
-        raise ValueError(
-            "only architecture='xlnet' carries memory between steps; this config has no "
-            "ModelConfig.xlnet"
-        )
     if config.xlnet.mem_len is None:
         raise ValueError(
             "a training state needs a fixed memory: set XLNetOptions.mem_len (the reference "

@@ -294,7 +294,7 @@ def recipe_run_problems(
         if not families.accepts(model_config, recipe.architectures):
             out.append(
                 f"{where} needs ModelConfig.architecture in {list(recipe.architectures)}, got "
-                f"{families.describe(model_config)}"
+                f"{families.architecture_name(model_config)!r}"
             )
         missing_heads = [h for h in recipe.heads if h not in model_config.heads]
         if missing_heads:
