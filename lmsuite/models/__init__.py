@@ -1,7 +1,7 @@
 """Architectures assembled from `lmsuite.layers`, one module per family (`families`)."""
 
-from lmsuite.models.config import ModelConfig, XLNetOptions
+from lmsuite.models.config import DebertaOptions, ModelConfig, XLNetOptions
 from lmsuite.models.families import Transformer
 from lmsuite.models.two_stream import memory_shapes
 
-__all__ = ["ModelConfig", "Transformer", "XLNetOptions", "memory_shapes"]
+__all__ = ["DebertaOptions", "ModelConfig", "Transformer", "XLNetOptions", "memory_shapes"]

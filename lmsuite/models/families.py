@@ -220,7 +220,7 @@ def describe(config: ModelConfig) -> str:
 
 
 # ------------------------------------------------------------------------- building
-def Transformer(config: ModelConfig) -> nn.Module:  # noqa: N802: reads as the model's name
+def Transformer(config: ModelConfig) -> nn.Module:  # noqa: N802  (reads as the model's name)
     """The module of the config's family: `Transformer(config).init(rng, **inputs)`.
 
     Parameters live outside the module; every family keeps its parameters at the top of the
