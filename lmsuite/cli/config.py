@@ -72,7 +72,7 @@ def _collect_train_args(**kwargs):
 def register_configurables() -> None:
     """Makes the library functions configurable under stable gin names (idempotent)."""
     from lmsuite.models import ModelConfig, XLNetOptions
-    from lmsuite.models.config import ElectraOptions
+    from lmsuite.models.config import DebertaOptions, ElectraOptions
     from lmsuite.training import optimizers, recipes, schedules
 
     # Converters and losses are not configurable on their own: a recipe pairs them
@@ -81,6 +81,7 @@ def register_configurables() -> None:
         (ModelConfig, "ModelConfig", "lmsuite.models"),
         (XLNetOptions, "XLNetOptions", "lmsuite.models"),
         (ElectraOptions, "ElectraOptions", "lmsuite.models"),
+        (DebertaOptions, "DebertaOptions", "lmsuite.models"),
         (_collect_train_args, "train", "lmsuite.training"),
         (optimizers.make_optimizer, "make_optimizer", "lmsuite.training"),
         (schedules.make_schedule, "make_schedule", "lmsuite.training"),
@@ -125,7 +126,18 @@ def _references(value):
             yield from _references(v)
 
 
-_nearest = nearest  # one rule for every "did you mean" (lmsuite.did_you_mean)
+_nearest = nearest
+
+
+def _moved(selector: str, arg: str, params) -> str:
+    """Where a parameter of an older lmsuite now lives, else the nearest name."""
+    if selector.endswith("ModelConfig") and arg.startswith("deberta_"):
+        option = arg.removeprefix("deberta_")
+        return (
+            f"; DeBERTa's options moved to DebertaOptions: write DebertaOptions.{option} "
+            "(models/deberta.gin sets ModelConfig.deberta = @DebertaOptions())"
+        )
+    return nearest(arg, params)  # one rule for every "did you mean" (lmsuite.did_you_mean)
 
 
 def _find_file(name: str, search_paths: list[Path]) -> Path | None:
@@ -224,7 +236,8 @@ def static_problems(
                     if params is not None and statement.arg_name not in params:
                         problem(
                             f"{loc}: {statement.selector} has no parameter "
-                            f"{statement.arg_name!r}{_nearest(statement.arg_name, params)}"
+                            f"{statement.arg_name!r}"
+                            f"{_moved(statement.selector, statement.arg_name, params)}"
                         )
             for kind, name in _references(statement.value):
                 if kind == "%" and name != "gin.REQUIRED":

@@ -13,9 +13,10 @@ The MLM head is `cls.predictions` (BERT's, the default `legacy=True`) or, with l
 `lm_predictions.lm_head`, which computes the same thing with the tied embeddings; `to_hf`
 always writes the legacy layout.
 
-HF has no enhanced mask decoder, so `config_from_hf` sets deberta_emd_layers=0. To continue
-pretraining a HF checkpoint with it, call `params_from_hf` with
-`config.replace(deberta_emd_layers=2)`: the decoder's absolute-position table is the state's
+HF has no enhanced mask decoder, so `config_from_hf` sets DebertaOptions.emd_layers=0. To
+continue pretraining a HF checkpoint with it, call `params_from_hf` with
+`config.replace(deberta=config.deberta.replace(emd_layers=2))`: the decoder's absolute-position
+table is the state's
 `deberta.embeddings.position_embeddings.weight` when present (the released checkpoints keep it;
 HF's loader drops it), else drawn as a fresh model's would be (truncated normal of
 init_stddev, PRNGKey(0)).
@@ -30,6 +31,7 @@ from lmsuite.convert import common
 from lmsuite.convert.common import heads_bias, heads_in, heads_out, linear_in, take
 from lmsuite.layers.dense import default_kernel_init
 from lmsuite.models import ModelConfig
+from lmsuite.models.config import DebertaOptions
 
 V1 = "DebertaForMaskedLM"
 V2 = "DebertaV2ForMaskedLM"
@@ -102,13 +104,15 @@ def config_from_hf(hf, hf_class: str) -> ModelConfig:
         type_vocab_size=hf.type_vocab_size,
         max_length=hf.max_position_embeddings,
         position_type="deberta",
-        deberta_relative_attention=bool(getattr(hf, "relative_attention", False)),
-        deberta_max_relative_positions=max_rel if max_rel >= 1 else -1,
-        deberta_position_buckets=buckets,
-        deberta_share_att_key=share,
-        deberta_pos_att_type=types,
-        deberta_norm_rel_embeddings=norm_rel,
-        deberta_position_biased_input=bool(getattr(hf, "position_biased_input", True)),
+        deberta=DebertaOptions(
+            relative_attention=bool(getattr(hf, "relative_attention", False)),
+            max_relative_positions=max_rel if max_rel >= 1 else -1,
+            position_buckets=buckets,
+            share_att_key=share,
+            pos_att_type=types,
+            norm_rel_embeddings=norm_rel,
+            position_biased_input=bool(getattr(hf, "position_biased_input", True)),
+        ),
         activation=activation,
         norm_eps=hf.layer_norm_eps,
         norm_position="post",
@@ -149,20 +153,25 @@ def _check_exportable(config: ModelConfig, hf_class: str):
         share_layers="none",
         position_offset=0,
         scale_tied_output=False,
-        deberta_emd_layers=0,
     )
+    needed_options = dict(emd_layers=0)
     if config.embed_width != config.d_model:
         needed.update(embedding_projection_first=True, embedding_projection_bias=False)
     if config.head_width * config.num_heads != config.d_model:
         needed.update(head_dim=config.d_model // config.num_heads)
     if v1:
-        needed.update(deberta_position_buckets=-1, deberta_share_att_key=False)
-        needed.update(deberta_norm_rel_embeddings=False)
+        needed_options.update(position_buckets=-1, share_att_key=False, norm_rel_embeddings=False)
     for field, value in needed.items():
         if getattr(config, field) != value:
             raise ValueError(
                 f"{hf_class} cannot express ModelConfig.{field}={getattr(config, field)!r} "
                 f"(needs {value!r})"
+            )
+    for field, value in needed_options.items():
+        if getattr(config.deberta, field) != value:
+            raise ValueError(
+                f"{hf_class} cannot express DebertaOptions.{field}="
+                f"{getattr(config.deberta, field)!r} (needs {value!r})"
             )
 
 
@@ -183,11 +192,11 @@ def config_to_hf(config: ModelConfig, hf_class: str):
         type_vocab_size=config.type_vocab_size,
         initializer_range=config.init_stddev,
         layer_norm_eps=config.norm_eps,
-        relative_attention=config.deberta_relative_attention,
-        max_relative_positions=config.deberta_max_relative_positions,
+        relative_attention=config.deberta.relative_attention,
+        max_relative_positions=config.deberta.max_relative_positions,
         pad_token_id=config.pad_id,
-        position_biased_input=config.deberta_position_biased_input,
-        pos_att_type=list(config.deberta_pos_att_type),
+        position_biased_input=config.deberta.position_biased_input,
+        pos_att_type=list(config.deberta.pos_att_type),
         legacy=True,
         tie_word_embeddings=config.tie_embeddings,
         embedding_size=config.embed_width,
@@ -195,9 +204,9 @@ def config_to_hf(config: ModelConfig, hf_class: str):
     if hf_class == V1:
         return transformers.DebertaConfig(**kwargs)
     kwargs.update(
-        position_buckets=config.deberta_position_buckets,
-        share_att_key=config.deberta_share_att_key,
-        norm_rel_ebd="layer_norm" if config.deberta_norm_rel_embeddings else "none",
+        position_buckets=config.deberta.position_buckets,
+        share_att_key=config.deberta.share_att_key,
+        norm_rel_ebd="layer_norm" if config.deberta.norm_rel_embeddings else "none",
         conv_kernel_size=0,
     )
     return transformers.DebertaV2Config(**kwargs)
@@ -208,11 +217,11 @@ def _attention_names(config: ModelConfig, hf_class: str) -> list[tuple[str, str,
     """(lmsuite submodule, HF Linear under `attention.self.`, has bias) besides query/key/value."""
     cfg = config
     names = []
-    if cfg.deberta_relative_attention and not cfg.deberta_share_att_key:
+    if cfg.deberta.relative_attention and not cfg.deberta.share_att_key:
         v1 = hf_class == V1
-        if "c2p" in cfg.deberta_pos_att_type:
+        if "c2p" in cfg.deberta.pos_att_type:
             names.append(("pos_key", "pos_proj" if v1 else "pos_key_proj", not v1))
-        if "p2c" in cfg.deberta_pos_att_type:
+        if "p2c" in cfg.deberta.pos_att_type:
             names.append(("pos_query", "pos_q_proj" if v1 else "pos_query_proj", True))
     if hf_class == V2:
         names += [("query", "query_proj", True), ("key", "key_proj", True)]
@@ -282,7 +291,7 @@ def _optional_names(config: ModelConfig) -> list[tuple[str, str]]:
     cfg = config
     e = "deberta.embeddings."
     names = [("token_embedder/embedding", e + "word_embeddings.weight")]
-    if cfg.deberta_position_biased_input:
+    if cfg.deberta.position_biased_input:
         names.append(("embedder/position_embedder/embedding", e + "position_embeddings.weight"))
     if cfg.type_vocab_size > 0:
         names.append(("embedder/type_embedder/embedding", e + "token_type_embeddings.weight"))
@@ -290,10 +299,10 @@ def _optional_names(config: ModelConfig) -> list[tuple[str, str]]:
         ("embedder/embedding_norm/scale", e + "LayerNorm.weight"),
         ("embedder/embedding_norm/bias", e + "LayerNorm.bias"),
     ]
-    if cfg.deberta_relative_attention:
+    if cfg.deberta.relative_attention:
         rel = "encoder/relative_embeddings/"
         names.append((rel + "embedding", "deberta.encoder.rel_embeddings.weight"))
-        if cfg.deberta_norm_rel_embeddings:
+        if cfg.deberta.norm_rel_embeddings:
             names.append((rel + "norm/scale", "deberta.encoder.LayerNorm.weight"))
             names.append((rel + "norm/bias", "deberta.encoder.LayerNorm.bias"))
     return names
@@ -334,7 +343,7 @@ def params_from_hf(state, config: ModelConfig, hf_class: str) -> dict:
         hp, ours = f"deberta.encoder.layer.{i}.", f"encoder/layers_{i}"
         _layer_from_hf(state, hp, ours, config, hf_class, out)
     _head_from_hf(state, config, out)
-    if config.deberta_emd_layers:
+    if config.emd_layers:
         out[_EMD_TABLE] = _emd_table(state, config)
     common.check_consumed(state, "DeBERTa")
     return out

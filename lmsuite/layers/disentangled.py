@@ -62,7 +62,7 @@ def log_bucket_position(relative, *, num_buckets: int, max_position: int) -> np.
 
 def max_relative_positions(config: Config) -> int:
     """k: distances beyond it share the table's edge rows (-1 in the config means max_length)."""
-    k = config.deberta_max_relative_positions
+    k = config.deberta.max_relative_positions
     return k if k > 0 else config.max_length
 
 
@@ -101,7 +101,7 @@ def relative_index(
 class RelativeEmbeddings(nn.Module):
     """The stack's relative-position table, called once per forward pass.
 
-    Parameter `embedding` (2 * span, D), and `norm` with config.deberta_norm_rel_embeddings
+    Parameter `embedding` (2 * span, D), and `norm` with config.deberta.norm_rel_embeddings
     (v2/v3's norm_rel_ebd="layer_norm"). Returns the attention kwargs of every layer:
     `relative_RD` (the rows in use, normalised) and `relative_index_LM` (L, L) into them; an
     empty dict without relative attention. Distances come from positions 0..L-1, as in the
@@ -114,11 +114,11 @@ class RelativeEmbeddings(nn.Module):
     @nn.compact
     def __call__(self, length: int, *, position_ids_BL=None) -> dict:
         cfg = self.config
-        if not cfg.deberta_relative_attention:
+        if not cfg.deberta.relative_attention:
             return {}
         sizes = dict(
             max_relative_positions=max_relative_positions(cfg),
-            position_buckets=cfg.deberta_position_buckets,
+            position_buckets=cfg.deberta.position_buckets,
         )
         table_RD = self.param(
             "embedding",
@@ -128,7 +128,7 @@ class RelativeEmbeddings(nn.Module):
         )
         lo, hi, index_LM = relative_index(length, **sizes)
         table_RD = jnp.asarray(table_RD, cfg.compute_dtype)
-        if cfg.deberta_norm_rel_embeddings:
+        if cfg.deberta.norm_rel_embeddings:
             norm = make_norm(cfg.norm_type, eps=cfg.norm_eps, dtype=cfg.compute_dtype, name="norm")
             table_RD = norm(table_RD)
         return {"relative_RD": table_RD[lo:hi], "relative_index_LM": jnp.asarray(index_LM)}
@@ -155,7 +155,7 @@ class DisentangledAttention(nn.Module):
     """x_BLD -> x_BLD self-attention with DeBERTa's c2p / p2c relative-position scores.
 
     Submodules: `query`, `key`, `value` (D -> H, K), `out` (H, K -> D), and unless
-    config.deberta_share_att_key, `pos_key` (c2p) and `pos_query` (p2c). Keys, content or
+    config.deberta.share_att_key, `pos_key` (c2p) and `pos_query` (p2c). Keys, content or
     positional, carry a bias iff config.use_key_bias: v1 (`in_proj` without bias plus
     q_bias / v_bias, `pos_proj` without bias) sets it False, v2/v3 True. Called as
     MultiHeadAttention is, plus the `RelativeEmbeddings` outputs as keyword arguments.
@@ -193,19 +193,19 @@ class DisentangledAttention(nn.Module):
         )
         key_bias = cfg.use_bias and cfg.use_key_bias
         query, key = proj("query", cfg.use_bias), proj("key", key_bias)
-        types = cfg.deberta_pos_att_type
+        types = cfg.deberta.pos_att_type
         scale = jnp.asarray(math.sqrt(cfg.head_width * (1 + len(types))), dtype)
         q_BLHK = query(x_BLD) / scale
         k_BMHK = key(kv_BMD)
         v_BMHK = proj("value", cfg.use_bias)(kv_BMD)
         logits_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
 
-        if cfg.deberta_relative_attention and types:
+        if cfg.deberta.relative_attention and types:
             length = x_BLD.shape[1]
             if relative_RD is None or relative_index_LM is None:
                 raise ValueError(
-                    "deberta_relative_attention needs relative_RD and relative_index_LM from "
-                    "RelativeEmbeddings"
+                    "DebertaOptions.relative_attention needs relative_RD and relative_index_LM "
+                    "from RelativeEmbeddings"
                 )
             if tuple(relative_index_LM.shape) != (length, length):
                 raise ValueError(
@@ -215,11 +215,11 @@ class DisentangledAttention(nn.Module):
             rel_RD = nn.Dropout(cfg.dropout_rate)(relative_RD, deterministic=deterministic)
             index_11LM = relative_index_LM[None, None]
             if "c2p" in types:
-                pos_key = key if cfg.deberta_share_att_key else proj("pos_key", key_bias)
+                pos_key = key if cfg.deberta.share_att_key else proj("pos_key", key_bias)
                 c2p_BHLR = jnp.einsum("BLHK,RHK->BHLR", q_BLHK, pos_key(rel_RD))
                 logits_BHLM = logits_BHLM + _gather_rows(c2p_BHLR, index_11LM)
             if "p2c" in types:
-                pos_query = query if cfg.deberta_share_att_key else proj("pos_query", cfg.use_bias)
+                pos_query = query if cfg.deberta.share_att_key else proj("pos_query", cfg.use_bias)
                 p2c_BHMR = jnp.einsum("BMHK,RHK->BHMR", k_BMHK, pos_query(rel_RD) / scale)
                 # score[i, j] = k_j . pq[index[i, j]]: gather along R for each key j, then swap.
                 p2c_BHML = _gather_rows(p2c_BHMR, jnp.swapaxes(index_11LM, -1, -2))

@@ -96,6 +96,63 @@ class ElectraOptions:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class DebertaOptions:
+    """DeBERTa's disentangled attention and enhanced mask decoder (He et al. 2021), the options
+    of position_type="deberta".
+
+    relative_attention       False: content attention only, still scaled by
+                             sqrt(K * (1 + len(pos_att_type))).
+    max_relative_positions   k: distances are clamped to +-k; -1: max_length.
+    position_buckets         -1: exact distances (v1); v2/v3 put them in log buckets (256).
+    share_att_key            positions are projected by the content query/key (v3).
+    pos_att_type             a subset of ("c2p", "p2c"): content-to-position and
+                             position-to-content terms.
+    norm_rel_embeddings      LayerNorm on the relative position table (v3).
+    position_biased_input    also add absolute position embeddings to the input.
+    emd_layers               the enhanced mask decoder's passes for the MLM head
+                             (`enhanced_mask_decoder.py`); 0: the MLM head reads the last layer,
+                             as HF's; the paper pretrains with 2.
+    """
+
+    relative_attention: bool = True
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    share_att_key: bool = False
+    pos_att_type: tuple[str, ...] = ("c2p", "p2c")
+    norm_rel_embeddings: bool = False
+    position_biased_input: bool = False
+    emd_layers: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "pos_att_type", tuple(self.pos_att_type))
+        bad = [t for t in self.pos_att_type if t not in ("c2p", "p2c")]
+        if bad or len(set(self.pos_att_type)) != len(self.pos_att_type):
+            raise ValueError(
+                "DebertaOptions.pos_att_type must be distinct entries of ('c2p', 'p2c'), got "
+                f"{self.pos_att_type!r}"
+            )
+        if self.position_buckets != -1 and self.position_buckets < 2:
+            raise ValueError(
+                f"DebertaOptions.position_buckets must be -1 (none) or >= 2, got "
+                f"{self.position_buckets}"
+            )
+        k = self.max_relative_positions
+        if k != -1 and k < 1:
+            raise ValueError(f"DebertaOptions.max_relative_positions must be -1 or >= 1, got {k}")
+        n = self.emd_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"DebertaOptions.emd_layers must be an int >= 0, got {n!r}")
+
+    def replace(self, **changes) -> "DebertaOptions":
+        return dataclasses.replace(self, **changes)
+
+
+# ModelConfig fields before the DeBERTa options were nested (run.json files written then):
+# "deberta_<name>" is DebertaOptions.<name>.
+_FLAT_DEBERTA_PREFIX = "deberta_"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Everything that decides parameter shapes and the forward computation.
 
@@ -107,16 +164,9 @@ class ModelConfig:
                        always has one),
                        type_vocab_size T (0: no segment embeddings), max_length (position table).
       positions        position_type; position_offset (RoBERTa/BART reserve the first 2 rows);
-                       relative_buckets / relative_max_distance (T5); deberta_* (DeBERTa:
-                       relative_attention (False: content attention only, still scaled by
-                       sqrt(K * (1 + len(pos_att_type)))), max_relative_positions k
-                       (-1: max_length),
-                       position_buckets (-1: exact distances clamped to +-k; v2/v3 log buckets),
-                       share_att_key (positions projected by the content query/key), pos_att_type
-                       (subset of c2p, p2c), norm_rel_embeddings (LayerNorm on the relative
-                       table), position_biased_input (also add absolute position embeddings),
-                       emd_layers (the enhanced mask decoder's passes, `enhanced_mask_decoder.py`;
-                       0: the MLM head reads the last layer, as HF's; the paper pretrains with 2)).
+                       relative_buckets / relative_max_distance (T5); deberta (DebertaOptions,
+                       set exactly when position_type="deberta"; left None, it takes the
+                       defaults).
       block            activation (gelu, gelu_tanh, relu, silu, geglu, geglu_tanh, swiglu),
                        norm_type, norm_eps, norm_position ("post" as BERT, "pre" as GPT-2/T5),
                        use_bias, scale_attention (False: T5 folds 1/sqrt(K) into the init).
@@ -156,15 +206,7 @@ class ModelConfig:
     position_offset: int = 0
     relative_buckets: int = 32
     relative_max_distance: int = 128
-    # DeBERTa disentangled attention.
-    deberta_relative_attention: bool = True
-    deberta_max_relative_positions: int = -1  # -1: max_length
-    deberta_position_buckets: int = -1  # -1: no log buckets (v1); v2/v3 use 256
-    deberta_share_att_key: bool = False
-    deberta_pos_att_type: tuple[str, ...] = ("c2p", "p2c")
-    deberta_norm_rel_embeddings: bool = False
-    deberta_position_biased_input: bool = False
-    deberta_emd_layers: int = 0  # enhanced mask decoder passes for the MLM head; 0: off
+    deberta: DebertaOptions | None = None  # DeBERTa's disentangled attention
 
     activation: str = "gelu"
     head_activation: str | None = None  # MLM/RTD transform activation; default: activation
@@ -206,9 +248,16 @@ class ModelConfig:
     electra: ElectraOptions | None = None  # ELECTRA: a joint generator + discriminator
 
     def __post_init__(self):
+        if self.position_type == "deberta" and self.deberta is None:
+            object.__setattr__(self, "deberta", DebertaOptions())
         self._validate()
 
     # ----------------------------------------------------------------------------- derived
+    @property
+    def emd_layers(self) -> int:
+        """The enhanced mask decoder's passes (DebertaOptions.emd_layers); 0 without one."""
+        return 0 if self.deberta is None else self.deberta.emd_layers
+
     @property
     def head_width(self) -> int:
         """K: the per-head width."""
@@ -243,6 +292,7 @@ class ModelConfig:
         Example: ModelConfig.from_json({"d_model": 64, "heads": ["lm"], "xlnet": {"mem_len": 8}})
           -> ModelConfig(d_model=64, heads=("lm",), xlnet=XLNetOptions(mem_len=8), ...)
         """
+        values = _nest_flat_deberta(values)
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -255,6 +305,8 @@ class ModelConfig:
             fields["xlnet"] = XLNetOptions(**fields["xlnet"])
         if isinstance(fields.get("electra"), dict):
             fields["electra"] = ElectraOptions(**fields["electra"])
+        if isinstance(fields.get("deberta"), dict):
+            fields["deberta"] = DebertaOptions(**fields["deberta"])
         return cls(**fields)
 
     @property
@@ -306,21 +358,11 @@ class ModelConfig:
         unknown = [h for h in self.heads if h not in HEADS]
         if unknown:
             raise ValueError(f"unknown heads {unknown}; expected a subset of {HEADS}")
-        bad_types = [t for t in self.deberta_pos_att_type if t not in ("c2p", "p2c")]
-        if bad_types or len(set(self.deberta_pos_att_type)) != len(self.deberta_pos_att_type):
+        if self.deberta is not None and self.position_type != "deberta":
             raise ValueError(
-                "deberta_pos_att_type must be distinct entries of ('c2p', 'p2c'), got "
-                f"{self.deberta_pos_att_type!r}"
-            )
-        if self.deberta_position_buckets != -1 and self.deberta_position_buckets < 2:
-            raise ValueError(
-                f"deberta_position_buckets must be -1 (none) or >= 2, got "
-                f"{self.deberta_position_buckets}"
+                f"ModelConfig.deberta is for position_type='deberta', not {self.position_type!r}"
             )
         self._validate_emd()
-        max_rel = self.deberta_max_relative_positions
-        if max_rel != -1 and max_rel < 1:
-            raise ValueError(f"deberta_max_relative_positions must be -1 or >= 1, got {max_rel}")
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -332,29 +374,42 @@ class ModelConfig:
         families.check(self)
 
     def _validate_emd(self):
-        n = self.deberta_emd_layers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"ModelConfig.deberta_emd_layers must be an int >= 0, got {n!r}")
+        n = self.emd_layers
         if n == 0:
             return
         # The reference decoder (DeBERTa apps/models/masked_language_model.py) exists for the
         # post-norm, relative-position DeBERTa only; it runs no EMD with position_biased_input.
-        expected = dict(
-            position_type="deberta",
-            deberta_position_biased_input=False,
-            norm_position="post",
-            final_norm=False,
-        )
+        if self.deberta.position_biased_input:
+            raise ValueError(
+                f"DebertaOptions.emd_layers={n} needs DebertaOptions.position_biased_input=False, "
+                "got True"
+            )
+        expected = dict(norm_position="post", final_norm=False)
         for name, value in expected.items():
             if getattr(self, name) != value:
                 raise ValueError(
-                    f"deberta_emd_layers={n} needs ModelConfig.{name}={value!r}, "
+                    f"DebertaOptions.emd_layers={n} needs ModelConfig.{name}={value!r}, "
                     f"got {getattr(self, name)!r}"
                 )
         if "mlm" not in self.heads:
-            raise ValueError(f"deberta_emd_layers={n} feeds the mlm head, but heads={self.heads}")
+            raise ValueError(
+                f"DebertaOptions.emd_layers={n} feeds the mlm head, but heads={self.heads}"
+            )
         if self.num_layers < 2:
             raise ValueError(
-                f"deberta_emd_layers={n} reads the second-to-last layer: needs num_layers >= 2, "
-                f"got {self.num_layers}"
+                f"DebertaOptions.emd_layers={n} reads the second-to-last layer: needs "
+                f"num_layers >= 2, got {self.num_layers}"
             )
+
+
+def _nest_flat_deberta(values: dict[str, Any]) -> dict[str, Any]:
+    """A config written before DebertaOptions existed, with its "deberta_<name>" fields nested
+    as "deberta": {...} (kept for position_type="deberta", where they applied; dropped
+    elsewhere, where they were unread defaults)."""
+    flat = {k: v for k, v in values.items() if k.startswith(_FLAT_DEBERTA_PREFIX)}
+    if not flat:
+        return values
+    out = {k: v for k, v in values.items() if k not in flat}
+    if values.get("position_type") == "deberta":
+        out["deberta"] = {k.removeprefix(_FLAT_DEBERTA_PREFIX): v for k, v in flat.items()}
+    return out

@@ -49,7 +49,7 @@ class Embedder(nn.Module):
         if position_ids_BL is None:
             position_ids_BL = jnp.arange(ids_BL.shape[1])[None, :]
         if cfg.position_type == "learned" or (
-            cfg.position_type == "deberta" and cfg.deberta_position_biased_input
+            cfg.deberta is not None and cfg.deberta.position_biased_input
         ):
             table = Embed(
                 num_embeddings=cfg.max_length,

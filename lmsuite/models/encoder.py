@@ -93,7 +93,7 @@ class EncoderModel(nn.Module):
             x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic
         )
         # DeBERTa's enhanced mask decoder: the stack also returns the MLM head's own input.
-        hidden, mlm_in = hidden if cfg.deberta_emd_layers else (hidden, hidden)
+        hidden, mlm_in = hidden if cfg.emd_layers else (hidden, hidden)
         return head_outputs(
             cfg,
             token_embedder,

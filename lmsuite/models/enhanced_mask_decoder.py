@@ -14,7 +14,7 @@ terms (c2p from the query states, p2c from the keys), as the reference runs
 `encoder.layer[-1]` twice (microsoft/DeBERTa `apps/models/masked_language_model.py`,
 `EnhancedMaskDecoder.emd_context_layer`). The only new parameter is the table,
 `enhanced_mask_decoder/position_embedder/embedding`. Fine-tuning drops the EMD: HF's DeBERTa
-has none, and `deberta_emd_layers=0` gives the same network as HF's DebertaForMaskedLM.
+has none, and `DebertaOptions.emd_layers=0` gives the same network as HF's DebertaForMaskedLM.
 """
 
 import flax.linen as nn
@@ -67,7 +67,7 @@ class EnhancedMaskDecoder(nn.Module):
         )
         # Z is added as looked up: no norm or dropout, as the reference's z_states.
         query_BLD = table(position_ids_BL) + hidden_BLD
-        for _ in range(cfg.deberta_emd_layers):
+        for _ in range(cfg.emd_layers):
             query_BLD = self.layer(
                 query_BLD,
                 kv_BLD=hidden_BLD,

@@ -225,7 +225,7 @@ def describe(config: ModelConfig) -> str:
 
 
 # ------------------------------------------------------------------------- building
-def Transformer(config: ModelConfig) -> nn.Module:  # noqa: N802: reads as the model's name
+def Transformer(config: ModelConfig) -> nn.Module:  # noqa: N802  (reads as the model's name)
     """The module of the config's family: `Transformer(config).init(rng, **inputs)`.
 
     Parameters live outside the module; every family keeps its parameters at the top of the
@@ -289,7 +289,8 @@ def memory_shapes(config: ModelConfig, batch_size: int) -> tuple:
     (`two_stream.memory_shapes`); ValueError for any other family."""
     if family(config) is not XLNET:
         raise ValueError(
-            f"only architecture='xlnet' carries memory between steps, got {architecture_name(config)!r}"
+            "only architecture='xlnet' carries memory between steps, got "
+            f"{architecture_name(config)!r}"
         )
     return two_stream.memory_shapes(config, batch_size)
 

@@ -21,7 +21,7 @@ class Stack(nn.Module):
     between otherwise separate layers. T5 relative positions add `relative_bias`, computed once
     and used by every layer; DeBERTa adds `relative_embeddings`.
 
-    With config.deberta_emd_layers the call returns (x_BLD, mlm_BLD): the MLM head's input from
+    With config.emd_layers the call returns (x_BLD, mlm_BLD): the MLM head's input from
     `enhanced_mask_decoder` (the second-to-last layer's output through the last block again).
 
     Cached decoding (causal stacks only): `cache` maps `layers_{i}` (one entry per application,
@@ -119,7 +119,7 @@ class Stack(nn.Module):
                 name="final_norm",
             )(x_BLD)
             x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
-        if cfg.deberta_emd_layers:
+        if cfg.emd_layers:
             emd = EnhancedMaskDecoder(config=cfg, layer=blocks[-1], name="enhanced_mask_decoder")
             kwargs = dict(mask=mask, attention_kwargs=attention_kwargs, deterministic=deterministic)
             return x_BLD, emd(penultimate_BLD, position_ids_BL=position_ids_BL, **kwargs)

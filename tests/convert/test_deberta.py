@@ -147,8 +147,8 @@ def test_nonlegacy_head_needs_untied_sizes_and_export_refuses_non_deberta_featur
     v1 = deberta.config_from_hf(transformers.DebertaConfig(**SMALL), V1)
     with pytest.raises(ValueError, match="use_key_bias=True"):
         deberta.config_to_hf(v1.replace(use_key_bias=True), V1)
-    with pytest.raises(ValueError, match="deberta_position_buckets=8"):
-        deberta.config_to_hf(v1.replace(deberta_position_buckets=8), V1)
+    with pytest.raises(ValueError, match="DebertaOptions.position_buckets=8"):
+        deberta.config_to_hf(v1.replace(deberta=v1.deberta.replace(position_buckets=8)), V1)
     bert_like = ModelConfig(vocab_size=101, d_model=36, num_heads=3, d_ff=53, num_layers=1)
     with pytest.raises(ValueError, match="position_type='learned'"):
         deberta.config_to_hf(bert_like, V2)

@@ -14,7 +14,7 @@ from lmsuite.layers.disentangled import (
     log_bucket_position,
     relative_index,
 )
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import DebertaOptions, ModelConfig, Transformer
 
 TINY = dict(
     vocab_size=50,
@@ -89,7 +89,7 @@ def _explicit_attention(params, x, table, index, mask, cfg):
         out = np.einsum("...D,DHK->...HK", v, p[name]["kernel"])
         return out + p[name]["bias"] if "bias" in p[name] else out
 
-    share = cfg.deberta_share_att_key
+    share = cfg.deberta.share_att_key
     q, k, v = project("query", x), project("key", x), project("value", x)
     pk = project("key" if share else "pos_key", table)
     pq = project("query" if share else "pos_query", table)
@@ -113,7 +113,7 @@ def _explicit_attention(params, x, table, index, mask, cfg):
     "variant",
     [
         dict(use_key_bias=False),  # v1: no key biases, separate position projections
-        dict(deberta_share_att_key=True, deberta_position_buckets=8),  # v3
+        dict(deberta=DebertaOptions(share_att_key=True, position_buckets=8)),  # v3
     ],
 )
 def test_attention_equals_explicit_formula(variant):
@@ -132,7 +132,7 @@ def test_attention_equals_explicit_formula(variant):
     params = nn.unbox(
         attention.init(jax.random.PRNGKey(2), x, x, mask=mask_B1LM, **kwargs)["params"]
     )
-    assert ("pos_key" in params) == (not cfg.deberta_share_att_key)
+    assert ("pos_key" in params) == (not cfg.deberta.share_att_key)
     assert ("bias" in params["key"]) == cfg.use_key_bias
     got = attention.apply({"params": params}, x, x, mask=mask_B1LM, **kwargs)
     want = _explicit_attention(
@@ -159,8 +159,7 @@ def test_appended_padding_changes_nothing_and_padded_rows_are_defined():
     """Relative distances among real tokens do not move when padding is appended."""
     cfg = ModelConfig(
         **TINY,
-        deberta_position_buckets=8,
-        deberta_norm_rel_embeddings=True,
+        deberta=DebertaOptions(position_buckets=8, norm_rel_embeddings=True),
         embedding_dim=8,
         embedding_projection_first=True,
         embedding_projection_bias=False,
@@ -181,7 +180,7 @@ def test_appended_padding_changes_nothing_and_padded_rows_are_defined():
 
 
 def test_without_relative_attention_there_is_no_table():
-    cfg = ModelConfig(**TINY, deberta_relative_attention=False)
+    cfg = ModelConfig(**TINY, deberta=DebertaOptions(relative_attention=False))
     ids = np.array([[5, 9, 13]], np.int32)
     params, run = _mlm(cfg, ids, None)
     logits = run(ids, None)
@@ -192,6 +191,6 @@ def test_without_relative_attention_there_is_no_table():
 
 def test_config_rejects_unknown_position_terms():
     with pytest.raises(ValueError, match="'p2p'"):
-        ModelConfig(**TINY, deberta_pos_att_type=("c2p", "p2p"))
-    with pytest.raises(ValueError, match="deberta_position_buckets must be -1"):
-        ModelConfig(**TINY, deberta_position_buckets=1)
+        DebertaOptions(pos_att_type=("c2p", "p2p"))
+    with pytest.raises(ValueError, match="position_buckets must be -1"):
+        DebertaOptions(position_buckets=1)

@@ -2,6 +2,8 @@
 passes are the last layer's weights (checked against HF's DebertaV2Layer run with query_states,
 as the reference EMD does), off is HF's DebertaForMaskedLM, and bad settings are named."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ from flax import traverse_util
 
 import lmsuite.convert as convert
 from lmsuite.convert import deberta
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import DebertaOptions, ModelConfig, Transformer
 from tests.convert.parity import assert_close, make_inputs
 
 TABLE = "encoder/enhanced_mask_decoder/position_embedder/embedding"
@@ -31,8 +33,14 @@ EMD = ModelConfig(
     mask_padded_queries=True,
     mask_padded_embeddings=True,
     norm_eps=1e-7,
-    deberta_emd_layers=2,
+    deberta=DebertaOptions(emd_layers=2),
 )
+
+
+def _emd(passes: int) -> ModelConfig:
+    return EMD.replace(deberta=EMD.deberta.replace(emd_layers=passes))
+
+
 IDS = jnp.asarray(np.random.default_rng(0).integers(1, 61, size=(2, 10)), jnp.int32)
 POSITIONS = jnp.broadcast_to(jnp.arange(10), (2, 10))
 
@@ -71,21 +79,21 @@ def test_without_the_decoder_only_relative_terms_carry_position():
     order); with it, permuting the tokens no longer just permutes the logits."""
     order = np.random.default_rng(2).permutation(10)
     for emd_layers, blind in ((0, True), (2, False)):
-        cfg = EMD.replace(deberta_relative_attention=False, deberta_emd_layers=emd_layers)
+        cfg = EMD.replace(deberta=DebertaOptions(relative_attention=False, emd_layers=emd_layers))
         flat = _init(cfg)
         logits = _apply(cfg, flat)["mlm_logits"]
         permuted = _apply(cfg, flat, ids=IDS[:, order])["mlm_logits"]
         gap = float(np.max(np.abs(permuted - logits[:, order])))
         assert (gap < 1e-5) == blind, (emd_layers, gap)
     # Relative attention on and EMD off: shifting absolute positions changes nothing at all.
-    off = EMD.replace(deberta_emd_layers=0)
+    off = _emd(0)
     flat = _init(off)
     shifted = _apply(off, flat, position_ids=POSITIONS + 5)["mlm_logits"]
     np.testing.assert_allclose(shifted, _apply(off, flat)["mlm_logits"], atol=1e-6)
 
 
 def test_the_decoder_adds_only_its_position_table():
-    on, off = _init(EMD), _init(EMD.replace(deberta_emd_layers=0))
+    on, off = _init(EMD), _init(_emd(0))
     assert set(on) - set(off) == {TABLE}
     assert set(off) <= set(on)
     assert _count(on) - _count(off) == EMD.max_length * EMD.d_model
@@ -95,14 +103,14 @@ def test_the_decoder_adds_only_its_position_table():
     rel = boxed["encoder"]["relative_embeddings"]["embedding"].names
     assert axes == rel  # (table, embed), as the other position tables
     # One pass and two passes of the same weights differ: the passes are really run.
-    one = _apply(EMD.replace(deberta_emd_layers=1), on)["mlm_logits"]
+    one = _apply(_emd(1), on)["mlm_logits"]
     assert np.max(np.abs(one - _apply(EMD, on)["mlm_logits"])) > 1e-3
 
 
 def test_off_is_the_encoder_alone_and_masked_positions_gather_the_decoder():
     on = _init(EMD)
     off = {k: v for k, v in on.items() if k != TABLE}
-    cfg_off = EMD.replace(deberta_emd_layers=0)
+    cfg_off = _emd(0)
     a, b = _apply(EMD, on), _apply(cfg_off, off)
     np.testing.assert_array_equal(a["hidden"], b["hidden"])
     assert np.max(np.abs(a["mlm_logits"] - b["mlm_logits"])) > 1e-3
@@ -189,12 +197,12 @@ def test_the_decoder_equals_hf_layers_run_as_the_reference_emd(case):
     hf = _hf(**HF_CASES[case])
     ids, mask, _ = make_inputs(vocab_size=101, types=0)
     plain = convert.from_hf(hf)
-    assert plain.config.deberta_emd_layers == 0
+    assert plain.config.deberta.emd_layers == 0
     ref = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.detach()
     assert_close(plain.logits(ids, mask), ref.numpy(), "EMD off = DebertaV2ForMaskedLM")
 
     state = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
-    cfg = plain.config.replace(deberta_emd_layers=2)
+    cfg = plain.config.replace(deberta=plain.config.deberta.replace(emd_layers=2))
     flat = deberta.params_from_hf(dict(state), cfg, deberta.V2)
     table = flat[TABLE]
     assert table.shape == (40, 36) and 0.01 < float(np.std(table)) < 0.03  # a fresh draw
@@ -207,31 +215,48 @@ def test_the_decoder_equals_hf_layers_run_as_the_reference_emd(case):
     kept = np.random.default_rng(4).normal(0, 0.1, (40, 36)).astype(np.float32)
     with_table = dict(state, **{"deberta.embeddings.position_embeddings.weight": kept})
     np.testing.assert_array_equal(deberta.params_from_hf(with_table, cfg, deberta.V2)[TABLE], kept)
-    with pytest.raises(ValueError, match="deberta_emd_layers=2"):
+    with pytest.raises(ValueError, match="DebertaOptions.emd_layers=2"):
         deberta.config_to_hf(cfg, deberta.V2)
 
 
 # ------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize(
-    "changes, named",
+    "changes, options, named",
     [
-        (dict(deberta_emd_layers=-1), "deberta_emd_layers must be an int >= 0, got -1"),
-        (dict(deberta_emd_layers=1.5), "got 1.5"),
-        (dict(deberta_emd_layers=True), "got True"),
-        (dict(deberta_position_biased_input=True), "deberta_position_biased_input=False"),
-        (dict(norm_position="pre"), "norm_position='post'"),
-        (dict(final_norm=True), "final_norm=False"),
-        (dict(num_layers=1), "num_layers >= 2, got 1"),
-        (dict(heads=("rtd",)), "heads=('rtd',)"),
+        ({}, dict(emd_layers=-1), "emd_layers must be an int >= 0, got -1"),
+        ({}, dict(emd_layers=1.5), "got 1.5"),
+        ({}, dict(emd_layers=True), "got True"),
+        ({}, dict(position_biased_input=True), "position_biased_input=False"),
+        (dict(norm_position="pre"), {}, "norm_position='post'"),
+        (dict(final_norm=True), {}, "final_norm=False"),
+        (dict(num_layers=1), {}, "num_layers >= 2, got 1"),
+        (dict(heads=("rtd",)), {}, "heads=('rtd',)"),
     ],
 )
-def test_bad_settings_are_named(changes, named):
+def test_bad_settings_are_named(changes, options, named):
     with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
-        EMD.replace(**changes)
+        EMD.replace(**changes, deberta=EMD.deberta.replace(**options))
 
 
 def test_non_deberta_positions_are_refused_and_json_round_trips():
     with pytest.raises(ValueError, match="position_type='deberta'"):
-        ModelConfig(position_type="learned", deberta_emd_layers=2)
+        ModelConfig(position_type="learned", deberta=DebertaOptions(emd_layers=2))
     assert ModelConfig.from_json(EMD.to_json()) == EMD
-    assert ModelConfig.from_json(EMD.to_json()).deberta_emd_layers == 2
+    assert ModelConfig.from_json(EMD.to_json()).deberta.emd_layers == 2
+
+
+def test_a_run_written_before_the_options_were_nested_still_loads():
+    """run.json files written with the flat deberta_* fields keep loading (values kept for a
+    DeBERTa, the unread defaults dropped for the rest)."""
+    flat = {k: v for k, v in EMD.to_json().items() if k != "deberta"}
+    flat |= {
+        f"deberta_{k}": v
+        for k, v in dataclasses.asdict(EMD.deberta.replace(position_buckets=8)).items()
+    }
+    assert ModelConfig.from_json(flat) == EMD.replace(
+        deberta=EMD.deberta.replace(position_buckets=8)
+    )
+    bert = ModelConfig(vocab_size=61, d_model=16, num_heads=2, d_ff=24, num_layers=1)
+    old_bert = bert.to_json() | {"deberta_emd_layers": 0, "deberta_pos_att_type": ["c2p", "p2c"]}
+    old_bert.pop("deberta")
+    assert ModelConfig.from_json(old_bert) == bert

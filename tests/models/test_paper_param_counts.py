@@ -129,5 +129,5 @@ def test_deberta_base_backbone_is_the_repositorys_100m():
     assert token_table == 50265 * 768
     assert counted["total"] == _hf_count("DebertaForMaskedLM", "DebertaConfig", DEBERTA_HF)
     # Pretraining (experiments/deberta_base.gin) adds only the enhanced mask decoder's table.
-    emd = _count("deberta_base", ["ModelConfig.deberta_emd_layers = 2"])
+    emd = _count("deberta_base", ["DebertaOptions.emd_layers = 2"])
     assert emd["total"] - counted["total"] == 512 * 768

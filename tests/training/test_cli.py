@@ -59,6 +59,18 @@ def test_two_missing_required_macros_are_both_listed(capsys, tmp_path):
     assert "macro BATCH_SIZE is %gin.REQUIRED" in errors[1]
 
 
+def test_a_deberta_option_of_an_older_lmsuite_says_where_it_moved(capsys, tmp_path):
+    errors = _errors(
+        capsys,
+        tmp_path,
+        "--gin_file=experiments/deberta_tiny.gin",
+        "--gin.ModelConfig.deberta_emd_layers=2",
+    )
+    assert len(errors) == 1, errors
+    assert "'deberta_emd_layers'; DeBERTa's options moved to DebertaOptions: write " in errors[0]
+    assert "DebertaOptions.emd_layers" in errors[0]
+
+
 def test_task_batch_and_length_problems_are_listed_together(capsys, tmp_path):
     errors = _errors(
         capsys,
