@@ -157,7 +157,7 @@ def _full_pipelines():
 
     rows = {}
     for recipe in recipes.RECIPES.values():
-        for objective in recipe.objectives:
+        for objective in recipe.task_objectives:
             converter = recipe.converter(pack=recipe.pack)
             label = objective if objective not in rows else f"{objective} ({recipe.name})"
             rows[label] = (objective, recipe.lengths_for(128), converter, tokens_of(converter))

@@ -317,7 +317,7 @@ def _metric_line(metrics: dict, keys) -> str:
 def summary_text(kwargs: dict, result) -> str:
     """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
     recipe = kwargs["recipe"].recipe
-    metric_keys = ["loss", *recipe.metrics]
+    metric_keys = ["loss", *kwargs["recipe"].objective.metrics]
     train = result.train_metrics
     lines = [
         f"lmsuite train: step {result.step} of {kwargs['train_steps']} on {kwargs['task']!r} "
@@ -364,7 +364,7 @@ def run_pretrain(args):
         split=kwargs.get("eval_split", input_pipeline.EVAL_SPLIT),
         batches=kwargs.get("eval_batches", input_pipeline.EVAL_BATCHES),
     )
-    targets, weights = built.recipe.prediction_features
+    targets, weights = built.objective.prediction_features
     baselines = report.baselines(
         held_out.as_numpy_iterator(),
         # The whole train split of the embedded corpora; a prefix of a production corpus's.
@@ -386,8 +386,8 @@ def run_pretrain(args):
     )
     print(f"  loss curve:   {png}")
     held = result.eval_metrics
-    accuracy_key, entropy_key = (f"eval/{k}" for k in built.recipe.learning_metrics)
-    what = built.recipe.prediction_name
+    accuracy_key, entropy_key = (f"eval/{k}" for k in built.objective.learning_metrics)
+    what = built.objective.prediction_name
     if accuracy_key in held and baselines.majority is not None:
         print(
             f"held-out {what} accuracy: {held[accuracy_key]:.4f} (always the most frequent "
@@ -399,7 +399,7 @@ def run_pretrain(args):
             f"{baselines.train_targets:,} train-split targets: "
             f"{baselines.unigram_cross_entropy:.4f})"
         )
-    for line in pretrain_report.label_lines(built.recipe, held, held_out):
+    for line in pretrain_report.label_lines(built.objective, held, held_out):
         print(line)
     fill_mask_lines = []
     if result.checkpoints:

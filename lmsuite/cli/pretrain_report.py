@@ -106,14 +106,14 @@ def fill_mask_text(kwargs: dict, model_dir: str) -> list[str]:
     return lines
 
 
-def label_lines(recipe, held: dict, held_out) -> list[str]:
-    """One line per per-row classification term of `recipe` (NSP, SOP, sentence structure): the
+def label_lines(objective, held: dict, held_out) -> list[str]:
+    """One line per per-row classification term of `objective` (NSP, SOP, sentence structure): the
     held-out accuracy against always the most frequent held-out label, with the binomial
     probability of doing that well by chance."""
     from lmsuite.training import report
 
     lines = []
-    for metric, label in recipe.label_metrics:
+    for metric, label in objective.label_metrics:
         key = f"eval/{metric}"
         if key not in held:
             continue

@@ -195,7 +195,7 @@ def prepare_run(args) -> None:
     from lmsuite.training import recipes
 
     try:
-        objective = recipes.get(recipe).objectives[0]
+        objective = recipes.get(recipe).task_objectives[0]
         name = text_files.register_text_task(
             objective=objective,
             train_files=args.train_files,

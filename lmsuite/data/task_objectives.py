@@ -38,7 +38,7 @@ MASKINGS = ("bert", "electra", "albert", "ernie")
 
 
 @dataclasses.dataclass(frozen=True)
-class Objective:
+class TaskObjective:
     """How to turn a corpus into one objective's examples."""
 
     name: str
@@ -246,23 +246,25 @@ def _pair_steps(objective, masker, **kwargs):
     return steps
 
 
-OBJECTIVES: dict[str, Objective] = {
+OBJECTIVES: dict[str, TaskObjective] = {
     o.name: o
     for o in [
         # BERT's sentence-aligned [CLS] A [SEP] B [SEP] instances, B the actual continuation.
-        Objective("bert_mlm", ENCODER, _mlm_steps(mlm.bert_dynamic_mlm, variant="bert")),
-        Objective("bert_mlm_nsp", ENCODER, _pair_steps("nsp", mlm.bert_dynamic_mlm)),
-        Objective("wwm", ENCODER, _mlm_steps(whole_word.whole_word_dynamic_mlm, variant="bert")),
-        Objective(
+        TaskObjective("bert_mlm", ENCODER, _mlm_steps(mlm.bert_dynamic_mlm, variant="bert")),
+        TaskObjective("bert_mlm_nsp", ENCODER, _pair_steps("nsp", mlm.bert_dynamic_mlm)),
+        TaskObjective(
+            "wwm", ENCODER, _mlm_steps(whole_word.whole_word_dynamic_mlm, variant="bert")
+        ),
+        TaskObjective(
             "albert_sop", ENCODER, _pair_steps("sop", ngram.ngram_dynamic_mlm, masking="albert")
         ),
         # SpanBERT: single segments of whole sentences (its BlockDataset, break_mode "doc").
-        Objective(
+        TaskObjective(
             "spanbert",
             ENCODER,
             _mlm_steps(spanbert.spanbert_dynamic_mlm, variant="full_sentences"),
         ),
-        Objective(
+        TaskObjective(
             "structbert",
             ENCODER,
             lambda vocab: [
@@ -272,18 +274,18 @@ OBJECTIVES: dict[str, Objective] = {
             ],
         ),
         # ELECTRA's generator data: its ExampleBuilder rows and its mask() (85/15/0, its count).
-        Objective(
+        TaskObjective(
             "electra",
             ENCODER,
             _mlm_steps(mlm.bert_dynamic_mlm, variant="electra", masking="electra"),
         ),
-        Objective(
+        TaskObjective(
             "ernie",
             ENCODER,
             lambda vocab: [functools.partial(_ernie, vocab=vocab, level="entity")],
             languages=("zh",),
         ),
-        Objective(
+        TaskObjective(
             "t5_span_corruption",
             SEQ2SEQ,
             lambda vocab: [
@@ -292,7 +294,7 @@ OBJECTIVES: dict[str, Objective] = {
             ],
             needs_sentinels=True,
         ),
-        Objective(
+        TaskObjective(
             "iid_denoising",
             SEQ2SEQ,
             lambda vocab: [
@@ -301,23 +303,23 @@ OBJECTIVES: dict[str, Objective] = {
             ],
             needs_sentinels=True,
         ),
-        Objective("prefix_lm", SEQ2SEQ, lambda vocab: [*_docs(vocab), lm.prefix_lm]),
-        Objective("causal_lm", DECODER, lambda vocab: [*_docs(vocab), lm.causal_lm]),
-        Objective(
+        TaskObjective("prefix_lm", SEQ2SEQ, lambda vocab: [*_docs(vocab), lm.prefix_lm]),
+        TaskObjective("causal_lm", DECODER, lambda vocab: [*_docs(vocab), lm.causal_lm]),
+        TaskObjective(
             "bart_denoising",
             SEQ2SEQ,
             lambda vocab: [*_sents(vocab), functools.partial(_bart, vocab=vocab)],
         ),
-        Objective(
+        TaskObjective(
             "mass",
             SEQ2SEQ,
             lambda vocab: [*_docs(vocab), functools.partial(_mass, vocab=vocab)],
             seqio_appends_eos=False,
         ),
-        Objective(
+        TaskObjective(
             "unilm", ENCODER, lambda vocab: [*_docs(vocab), functools.partial(_unilm, vocab=vocab)]
         ),
-        Objective(
+        TaskObjective(
             "xlnet_plm",
             PERMUTATION,
             lambda vocab: [*_sents(vocab), functools.partial(_xlnet, vocab=vocab)],

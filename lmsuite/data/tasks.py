@@ -42,7 +42,7 @@ from lmsuite.data.task_objectives import (  # noqa: F401  (tasks.X: the public s
     OBJECTIVES,
     PERMUTATION,
     SEQ2SEQ,
-    Objective,
+    TaskObjective,
     chunking,
     chunks,
     encoder_length,

@@ -5,7 +5,7 @@ trained on them.
 the files (read by `corpora.user_files`: plain text, .gz, JSON lines; one document per file,
 blank-line block or line) through `tasks.corpus_task`, the same pipeline as the embedded
 corpora's `{corpus}_{objective}` tasks, so a recipe trains it exactly as it trains
-`wiki_sample_{objective}` (a recipe's objective: `lmsuite.training.recipes.get(R).objectives[0]`).
+`wiki_sample_{objective}` (a recipe's objective: `recipes.get(R).task_objectives[0]`).
 Unless named, the task is "text_{objective}_{digest}", the digest of its arguments. `TEXT_TASKS`
 holds the spec of each registered text task: `lmsuite train --train_files` writes it to run.json,
 and `lmsuite.load` and `lmsuite eval` re-register it from there with `register_recorded`.

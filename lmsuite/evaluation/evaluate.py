@@ -168,7 +168,7 @@ def evaluate_request(req: EvalRequest, *, write: bool = True) -> EvalResult:
 
 def uses_evaluator(recipe: recipes.Recipe) -> bool:
     """Whether the recipe's examples have "targets" that the Evaluator's score path reads."""
-    return "targets" in recipe.task_features and recipe.prediction_features[0] == (
+    return "targets" in recipe.task_features and recipe.objective.prediction_features[0] == (
         "decoder_target_tokens"
     )
 
@@ -333,8 +333,8 @@ def _with_eval_step(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, f
     )
     model = Transformer(req.model_config)
     objective = built.objective
-    targets, weights = req.recipe.prediction_features
-    accuracy, cross_entropy = req.recipe.learning_metrics
+    targets, weights = objective.prediction_features
+    accuracy, cross_entropy = objective.learning_metrics
 
     @jax.jit
     def run(params, batch, carry):

@@ -1,4 +1,13 @@
-"""`Objective`, the token cross-entropy every objective shares, and loss assembly."""
+"""`Objective`, the token cross-entropy every objective shares, and loss assembly.
+
+An `Objective` carries its contract with the rest of the suite, as SeqIO's feature converters
+carry TASK_FEATURES / MODEL_FEATURES: the batch features it reads, the model heads it reads the
+outputs of, the metrics each step reports and what its predictions are compared with. Each
+factory sets them from its own options (`mlm(sentence_label=...)` adds a feature, the classifier
+head and the sentence metrics), so a recipe row only pairs the objective with its data and its
+model; `tests/training/test_objective_contracts.py` holds every row's converter and model to
+them.
+"""
 
 import dataclasses
 from collections.abc import Callable, Mapping
@@ -60,6 +69,19 @@ class Objective:
         term's loss and accuracy (sequence accuracy, z-loss), reported under their own names.
       carry: a state carried from step to step through the model (None: each step stands
         alone); the train state holds it, so checkpoints keep it.
+
+    The contract (what the row's converter and model must provide, what a step reports):
+      features: batch features the loss always reads (the feature converter must emit them);
+        features it reads only where present (packing's segment ids, token types) are not listed.
+      heads: model heads whose outputs it reads (`ModelConfig.heads` must include them).
+      metrics: what `loss_and_metrics` reports, besides the total loss: `{term}_loss` and
+        `{term}_accuracy` per term, then the metric sums; it raises when they differ.
+      prediction_features: (targets, weights) of the batch: the predictions the baselines
+        (most frequent target, unigram cross-entropy) count.
+      learning_metrics: (accuracy, cross-entropy) metric names compared with those baselines.
+      prediction_name: how summaries name the predictions ("MLM", "LM", "PLM", "target").
+      label_metrics: (accuracy metric, label feature) of each per-row classification term (NSP,
+        SOP, sentence structure), compared with the held-out majority label.
     """
 
     name: str
@@ -71,6 +93,29 @@ class Objective:
     accuracy_denominators: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metric_sums: Callable[[Mapping[str, jax.Array], Batch], dict[str, MetricSum]] | None = None
     carry: Carry | None = None
+    features: tuple[str, ...]
+    heads: tuple[str, ...]
+    metrics: tuple[str, ...]
+    prediction_features: tuple[str, str]
+    learning_metrics: tuple[str, str]
+    prediction_name: str
+    label_metrics: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        declared = set(self.metrics)
+        named = set(self.learning_metrics) | {metric for metric, _ in self.label_metrics}
+        if not named <= declared:
+            raise ValueError(
+                f"objective {self.name!r}: learning and label metrics {sorted(named - declared)} "
+                f"are not among its metrics {list(self.metrics)}"
+            )
+        read = set(self.prediction_features) | {label for _, label in self.label_metrics}
+        if not read <= set(self.features):
+            raise ValueError(
+                f"objective {self.name!r}: prediction and label features "
+                f"{sorted(read - set(self.features))} are not among its features "
+                f"{list(self.features)}"
+            )
 
     def loss_and_metrics(
         self, outputs: Mapping[str, jax.Array], batch: Batch, denominators: Mapping[str, jax.Array]
@@ -105,6 +150,11 @@ class Objective:
                     f"{sorted(denominators)})"
                 )
             metrics[name] = metric.value / safe(metric.denominator)
+        if set(metrics) != set(self.metrics):
+            raise ValueError(
+                f"objective {self.name!r} declares metrics {list(self.metrics)} but reports "
+                f"{list(metrics)}"
+            )
         return total, metrics
 
 

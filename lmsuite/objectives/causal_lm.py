@@ -54,6 +54,12 @@ def causal_lm(
         denominators=denominators,
         terms=terms,
         num_tokens=num_tokens,
+        features=(inputs, targets, weights) + (() if prefix is None else (prefix,)),
+        heads=("lm",),
+        metrics=("lm_loss", "lm_accuracy"),
+        prediction_features=(targets, weights),
+        learning_metrics=("lm_accuracy", "lm_loss"),
+        prediction_name="LM",
     )
 
 

@@ -122,4 +122,10 @@ def electra(
         num_tokens=lambda batch: total_weight(real_tokens(batch)),
         term_weights={"mlm": generator_weight, "rtd": discriminator_weight},
         metric_sums=metric_sums,
+        features=masked_lm.features,
+        heads=("mlm", "rtd"),
+        metrics=METRICS,
+        prediction_features=masked_lm.prediction_features,
+        learning_metrics=masked_lm.learning_metrics,
+        prediction_name=masked_lm.prediction_name,
     )

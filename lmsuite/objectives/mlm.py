@@ -38,6 +38,9 @@ def mlm(
 
     With `sentence_label` set (e.g. "next_sentence_label") a `sentence` term is added: the
     classifier head's cross-entropy against that (B,) or (B, 1) label, weight 1 per example.
+
+    Its contract declares the gathered features (`masked_positions` ...); the dense targets are
+    read only from batches without them.
     """
 
     def model_inputs(batch):
@@ -84,10 +87,19 @@ def mlm(
     def num_tokens(batch):
         return total_weight(batch[inputs] != pad_id)
 
+    labels = () if sentence_label is None else (sentence_label,)
     return Objective(
         name="mlm",
         model_inputs=model_inputs,
         denominators=denominators,
         terms=terms,
         num_tokens=num_tokens,
+        features=(inputs, input_mask, masked_positions, masked_targets, masked_weights) + labels,
+        heads=("mlm",) + (("classifier",) if labels else ()),
+        metrics=("mlm_loss", "mlm_accuracy")
+        + (("sentence_loss", "sentence_accuracy") if labels else ()),
+        prediction_features=(masked_targets, masked_weights),
+        learning_metrics=("mlm_accuracy", "mlm_loss"),
+        prediction_name="MLM",
+        label_metrics=tuple(("sentence_accuracy", label) for label in labels),
     )

@@ -70,4 +70,11 @@ def permutation_lm(*, memory: bool = True, name: str = "plm") -> Objective:
         terms=terms,
         num_tokens=num_tokens,
         carry=carry if memory else None,
+        # The memory's reset reads `stream_step`: which rows start a new stream.
+        features=FEATURES + (("stream_step",) if memory else ()),
+        heads=("lm",),
+        metrics=("plm_loss", "plm_accuracy"),
+        prediction_features=("target", "target_mask"),
+        learning_metrics=("plm_accuracy", "plm_loss"),
+        prediction_name="PLM",
     )

@@ -98,6 +98,7 @@ def seq2seq(
     label_smoothing: float = 0.0,
     loss_normalizing_factor: float | None = None,
     cross_attention_ignores: int | None = None,
+    given_decoder_positions: bool = False,
     pad_id: int = 0,
     name: str = "seq2seq",
 ) -> Objective:
@@ -111,6 +112,8 @@ def seq2seq(
         setting; its `None` means an unnormalised sum, which lmsuite does not offer).
       cross_attention_ignores: an id the decoder's cross-attention does not attend to (MASS
         hides the encoder's [MASK] positions from the decoder, as its `enc_mask`).
+      given_decoder_positions: every batch, packed or not, carries `decoder_positions` (MASS:
+        the fragment's positions in the source); it is then required and declared.
       pad_id: padding id of the encoder inputs (unpacked rows).
 
     Metrics: `{name}_loss`, `{name}_accuracy` (per real target token), and
@@ -119,8 +122,10 @@ def seq2seq(
     """
     _check_options(z_loss, label_smoothing, loss_normalizing_factor)
 
+    given = (DECODER_POSITIONS,) if given_decoder_positions else ()
+
     def model_inputs(batch):
-        require(batch, name, INPUTS, DECODER_INPUTS)
+        require(batch, name, INPUTS, DECODER_INPUTS, *given)
         inputs = batch[INPUTS]
         kwargs = {"input_ids": inputs, "decoder_input_ids": batch[DECODER_INPUTS]}
         if ENCODER_SEGMENTS in batch:
@@ -192,4 +197,13 @@ def seq2seq(
         num_tokens=num_tokens,
         accuracy_denominators={name: "target_tokens"},
         metric_sums=metric_sums,
+        features=FEATURES + given,
+        heads=("lm",),
+        metrics=tuple(
+            f"{name}_{m}"
+            for m in ("loss", "accuracy", "cross_entropy", "z_loss", "sequence_accuracy")
+        ),
+        prediction_features=(TARGETS, WEIGHTS),
+        learning_metrics=(f"{name}_accuracy", f"{name}_cross_entropy"),
+        prediction_name="target",
     )

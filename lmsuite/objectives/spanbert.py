@@ -138,4 +138,10 @@ def span_boundary(
         terms=terms,
         num_tokens=base.num_tokens,
         term_weights={"sbo": sbo_weight},
+        features=base.features + tuple(features.values()),
+        heads=base.heads + ("sbo",),
+        metrics=base.metrics + ("sbo_loss", "sbo_accuracy"),
+        prediction_features=base.prediction_features,
+        learning_metrics=base.learning_metrics,
+        prediction_name=base.prediction_name,
     )

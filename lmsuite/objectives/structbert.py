@@ -62,6 +62,8 @@ def structbert(
         pad_id=pad_id,
     )
 
+    shuffled = (shuffled_positions, shuffled_targets, shuffled_weights)
+
     def check(batch):
         require(batch, "structbert", masked_positions, masked_targets, masked_weights)
         require(batch, "structbert", shuffled_positions, shuffled_targets, shuffled_weights)
@@ -146,4 +148,15 @@ def structbert(
         terms=terms,
         num_tokens=base.num_tokens,
         term_weights={"word_structure": word_structure_weight, "sentence": sentence_weight},
+        features=base.features + (token_type_ids, *shuffled),
+        heads=base.heads,
+        metrics=tuple(
+            f"{term}_{m}"
+            for term in ("mlm", "word_structure", "sentence")
+            for m in ("loss", "accuracy")
+        ),
+        prediction_features=base.prediction_features,
+        learning_metrics=base.learning_metrics,
+        prediction_name=base.prediction_name,
+        label_metrics=base.label_metrics,
     )

@@ -141,4 +141,10 @@ def unilm_mlm(
         denominators=base.denominators,
         terms=base.terms,
         num_tokens=base.num_tokens,
+        features=base.features + (token_type_ids, mode, source_length),
+        heads=base.heads,
+        metrics=base.metrics,
+        prediction_features=base.prediction_features,
+        learning_metrics=base.learning_metrics,
+        prediction_name=base.prediction_name,
     )

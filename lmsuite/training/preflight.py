@@ -245,8 +245,10 @@ def recipe_task_problems(
     """
     where = f"recipe {recipe.name!r}"
     out = []
-    if task_objective is not None and task_objective not in recipe.objectives:
-        fitting = sorted(n for n, r in recipes.RECIPES.items() if task_objective in r.objectives)
+    if task_objective is not None and task_objective not in recipe.task_objectives:
+        fitting = sorted(
+            n for n, r in recipes.RECIPES.items() if task_objective in r.task_objectives
+        )
         if fitting:
             hint = f"; recipe(s) {fitting} train it"
         elif task_objective in recipes.DATA_ONLY:
@@ -254,7 +256,7 @@ def recipe_task_problems(
         else:
             hint = ""
         out.append(
-            f"{where} trains tasks of objective(s) {list(recipe.objectives)}, but task "
+            f"{where} trains tasks of objective(s) {list(recipe.task_objectives)}, but task "
             f"{task_name!r} is a {task_objective!r} task{hint}"
         )
     if task_features is not None:
@@ -296,10 +298,11 @@ def recipe_run_problems(
                 f"{where} needs ModelConfig.architecture in {list(recipe.architectures)}, got "
                 f"{families.architecture_name(model_config)!r}"
             )
-        missing_heads = [h for h in recipe.heads if h not in model_config.heads]
+        heads = recipe.objective.heads  # what its loss reads
+        missing_heads = [h for h in heads if h not in model_config.heads]
         if missing_heads:
             out.append(
-                f"{where} needs model heads {list(recipe.heads)}; ModelConfig.heads = "
+                f"{where} needs model heads {list(heads)}; ModelConfig.heads = "
                 f"{tuple(model_config.heads)} lacks {missing_heads}"
             )
         if recipe.token_types == "pairs" and model_config.type_vocab_size < 2:

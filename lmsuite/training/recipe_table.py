@@ -2,7 +2,8 @@
 
 `format_list` gives one line per recipe (name, task objectives, feature converter, loss, model
 architecture and heads), then the objectives that have data but no recipe, each with why;
-`format_recipe` every field of one row and the gin lines that select it.
+`format_recipe` every field of one row, its loss's declared contract (features, metrics,
+heads) and the gin lines that select it.
 """
 
 from lmsuite.training import recipes
@@ -24,10 +25,10 @@ def format_list() -> str:
         rows.append(
             (
                 recipe.name,
-                ", ".join(recipe.objectives),
+                ", ".join(recipe.task_objectives),
                 _converter_name(recipe, recipe.pack),
                 _loss_name(recipe),
-                f"{'/'.join(recipe.architectures)} [{', '.join(recipe.heads)}]",
+                f"{'/'.join(recipe.architectures)} [{', '.join(recipe.objective.heads)}]",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -47,10 +48,11 @@ def format_recipe(recipe: recipes.Recipe) -> str:
     converter = recipe.converter(pack=recipe.pack)
     features = sorted(recipe.model_features(pack=recipe.pack))
     options = dict(recipe.loss_options)
+    objective = recipe.objective
     lines = [
         f"recipe {recipe.name}: {recipe.summary}",
-        f"  task objectives:   {', '.join(recipe.objectives)} (tasks {{corpus}}_{{objective}}, "
-        "or any task whose examples carry the task features)",
+        f"  task objectives:   {', '.join(recipe.task_objectives)} (tasks "
+        "{corpus}_{objective}, or any task whose examples carry the task features)",
         f"  task features:     {', '.join(recipe.task_features)}",
         f"  sequence lengths:  keys {list(recipe.length_keys)}, e.g. {recipe.lengths_for(128)}",
         f"  feature converter: {type(converter).__module__}.{type(converter).__name__}"
@@ -59,10 +61,17 @@ def format_recipe(recipe: recipes.Recipe) -> str:
         f"  loss:              lmsuite.objectives.{_loss_name(recipe)}"
         f"({', '.join(f'{k}={v!r}' for k, v in options.items())})",
         f"  loss options:      {', '.join(recipes.loss_parameters(recipe))}",
-        f"  loss reads:        {', '.join(recipe.loss_features)}",
-        f"  metrics:           {', '.join(recipe.metrics)}",
+        f"  loss reads:        {', '.join(objective.features)}",
+        f"  metrics:           {', '.join(objective.metrics)}",
+        f"  predictions:       {objective.prediction_name} "
+        f"({', '.join(objective.prediction_features)}), against the baselines in "
+        f"{', '.join(objective.learning_metrics)}",
+        *[
+            f"  label metric:      {metric} against the majority {label}"
+            for metric, label in objective.label_metrics
+        ],
         f"  model:             architecture {' or '.join(recipe.architectures)}, heads "
-        f"{list(recipe.heads)} (e.g. lmsuite/gin/models/{recipe.example_model}.gin"
+        f"{list(objective.heads)} (e.g. lmsuite/gin/models/{recipe.example_model}.gin"
         + (f" + {'; '.join(recipe.example_bindings)}" if recipe.example_bindings else "")
         + ")",
         f"  reference:         {recipe.reference}",

@@ -2,6 +2,7 @@
 `DataOnly`, an objective whose data exists but that nothing trains yet."""
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,28 +14,25 @@ from lmsuite.objectives import Objective
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Recipe:
-    """One trainable objective.
+    """One trainable objective: the pairing of a task, a feature converter, a loss and a model.
+
+    What the loss reads and reports (features, heads, metrics, predictions) is the loss's own
+    declaration (`lmsuite.objectives.Objective`), read through `objective`; the row holds the
+    pairing and the facts of the pairing.
 
     Attributes:
       name: what `RECIPE` selects.
       summary: one line for `lmsuite recipes list`.
-      objectives: task objectives (`lmsuite.data.tasks.OBJECTIVES`) this row trains.
+      task_objectives: task objectives (`lmsuite.data.tasks.OBJECTIVES`) this row trains.
       length_keys: the sequence-length keys the task and converter need.
       lengths_for: L -> a complete sequence_length for inputs of length L (tests, benchmarks).
       task_features: features the task's examples must carry (before the converter).
       converter: (pack) -> the feature converter; `pack` is the default packing.
-      loss: the loss factory (`lmsuite.objectives`); `loss_options` its defaults for this row.
-      loss_features: model features the loss reads (the converter must emit them).
-      architectures, heads: what the model needs (`ModelConfig.architecture` / `.heads`).
+      loss: the loss factory (`lmsuite.objectives`); `loss_options` its options for this row.
+      architectures: the model families that can train it (`lmsuite.models.families`).
       token_types: "none" (the loss feeds no token types), "optional" (fed only to models with
         type_vocab_size >= 2; RoBERTa's one type and DeBERTa's none read the rows without them)
         or "pairs" (two segments: type_vocab_size >= 2).
-      metrics: what each step reports besides loss, grad_norm, ... (the matrix test checks them).
-      prediction_features: (targets, weights) of the batch: what the baselines count.
-      learning_metrics: (accuracy, cross-entropy) metric names compared with the baselines.
-      prediction_name: how the summary names the predictions ("MLM", "target", "LM").
-      label_metrics: (accuracy metric, label feature) of each per-row classification term (NSP,
-        SOP, ...): `lmsuite pretrain` compares the accuracy with the held-out majority label.
       example_model: a compatible `lmsuite/gin/models/*_tiny.gin` (+ bindings) for tests and docs.
       check_lengths: optional sequence_length -> problems specific to this row.
       check_model: optional (model config, sequence_length or None) -> problems of the model
@@ -47,7 +45,7 @@ class Recipe:
 
     name: str
     summary: str
-    objectives: tuple[str, ...]
+    task_objectives: tuple[str, ...]
     length_keys: tuple[str, ...]
     lengths_for: Callable[[int], dict[str, int]]
     task_features: tuple[str, ...]
@@ -55,15 +53,8 @@ class Recipe:
     pack: bool
     loss: Callable[..., Objective]
     loss_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    loss_features: tuple[str, ...]
     architectures: tuple[str, ...]
-    heads: tuple[str, ...]
     token_types: str = "none"
-    metrics: tuple[str, ...]
-    prediction_features: tuple[str, str] = ("decoder_target_tokens", "decoder_loss_weights")
-    learning_metrics: tuple[str, str] = ("seq2seq_accuracy", "seq2seq_cross_entropy")
-    prediction_name: str = "target"
-    label_metrics: tuple[tuple[str, str], ...] = ()
     example_model: str
     example_bindings: tuple[str, ...] = ()
     check_lengths: Callable[[Mapping[str, int]], list[str]] | None = None
@@ -71,6 +62,12 @@ class Recipe:
     rows_task: Callable[[str, int], str] | None = None
     reference: str = ""
     differences: str = ""
+
+    @functools.cached_property
+    def objective(self) -> Objective:
+        """The loss with this row's options: its declared features, heads and metrics are what
+        the row's converter and model must provide (a run's own options: `recipes.build`)."""
+        return self.loss(**self.loss_options)
 
     def model_features(self, *, pack: bool) -> set[str]:
         """The features its converter emits (packing features included when `pack`)."""

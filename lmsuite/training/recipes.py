@@ -1,10 +1,13 @@
 """Recipes: the one place where a task, its feature converter, its loss and the model meet.
 
-A row names the task objectives it accepts (`lmsuite.data.tasks.OBJECTIVES`, or any task whose
-examples carry the row's features), the sequence-length keys, the feature converter, the loss with
-the features it reads, and the architectures and heads the model needs. Gin picks a row by name
-(`RECIPE = 't5_span_corruption'`, `train.recipe = @make_recipe()` in `runs/pretrain.gin`),
-`lmsuite train` checks the run against it before anything compiles (`preflight`), and
+A row is the pairing: the task objectives it accepts (`lmsuite.data.tasks.OBJECTIVES`, or any
+task whose examples carry the row's task features), the sequence-length keys, the feature
+converter, the loss with this row's options, and the model families that can train it. What the
+loss reads and reports (features, heads, metrics) it declares itself (`Recipe.objective`,
+`lmsuite.objectives.Objective`); `tests/training/test_objective_contracts.py` holds each row's
+converter and model to that declaration. Gin picks a row by name (`RECIPE =
+'t5_span_corruption'`, `train.recipe = @make_recipe()` in `runs/pretrain.gin`), `lmsuite train`
+checks the run against it before anything compiles (`preflight`), and
 `tests/training/test_recipes.py` trains every row for two steps through the CLI. Objectives that
 have data but no trainable recipe yet are listed in `DATA_ONLY`, each with the reason, so nothing
 is data-only without the table saying so.
@@ -30,7 +33,7 @@ from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig
 from lmsuite.models import electra as electra_model
-from lmsuite.objectives import Objective, plm, seq2seq
+from lmsuite.objectives import Objective, seq2seq
 from lmsuite.objectives import electra as electra_loss
 from lmsuite.objectives import structbert as structbert_loss
 from lmsuite.objectives import unilm as unilm_loss
@@ -38,9 +41,6 @@ from lmsuite.training import recipe_checks, structure_checks
 from lmsuite.training.recipe_types import DataOnly, Recipe
 
 ENCODER_MLM_FEATURES = ("input_ids", "masked_positions", "masked_ids", "masked_weights")
-SEQ2SEQ_METRICS = tuple(
-    f"seq2seq_{m}" for m in ("loss", "accuracy", "cross_entropy", "z_loss", "sequence_accuracy")
-)
 
 
 def _mlm_lengths(length: int) -> dict[str, int]:
@@ -75,27 +75,24 @@ def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> R
         converter=seqio.EncDecFeatureConverter,
         pack=True,
         loss=seq2seq.seq2seq,
-        loss_features=seq2seq.FEATURES,
         architectures=("encoder_decoder",),
-        heads=("lm",),
-        metrics=SEQ2SEQ_METRICS,
     )
     return Recipe(
         name=name,
         summary=summary,
-        objectives=(objective,),
+        task_objectives=(objective,),
         lengths_for=lengths_for,
         example_model=model,
         **(defaults | kwargs),
     )
 
 
-def _mlm_row(name, summary, *, objectives, label=None, model="bert_tiny", **kwargs) -> Recipe:
+def _mlm_row(name, summary, *, task_objectives, label=None, model="bert_tiny", **kwargs) -> Recipe:
     labels = () if label is None else (label,)
     return Recipe(
         name=name,
         summary=summary,
-        objectives=objectives,
+        task_objectives=task_objectives,
         length_keys=("input_ids", "masked_ids"),
         lengths_for=_mlm_lengths,
         task_features=ENCODER_MLM_FEATURES + labels,
@@ -103,18 +100,8 @@ def _mlm_row(name, summary, *, objectives, label=None, model="bert_tiny", **kwar
         pack=False,
         loss=losses.mlm,
         loss_options={} if label is None else {"sentence_label": label},
-        loss_features=("input_ids", "input_mask", "masked_positions", "masked_ids")
-        + ("masked_weights",)
-        + labels,
         architectures=("encoder",),
-        heads=("mlm",) if label is None else ("mlm", "classifier"),
         token_types="optional" if label is None else "pairs",
-        metrics=("mlm_loss", "mlm_accuracy")
-        + (() if label is None else ("sentence_loss", "sentence_accuracy")),
-        prediction_features=("masked_ids", "masked_weights"),
-        learning_metrics=("mlm_accuracy", "mlm_loss"),
-        prediction_name="MLM",
-        label_metrics=() if label is None else (("sentence_accuracy", label),),
         example_model=model,
         **kwargs,
     )
@@ -128,7 +115,7 @@ RECIPES: dict[str, Recipe] = {
         _mlm_row(
             "bert_mlm",
             "masked LM on gathered predictions (BERT/RoBERTa; whole-word and ERNIE masking)",
-            objectives=("bert_mlm", "wwm", "ernie"),
+            task_objectives=("bert_mlm", "wwm", "ernie"),
             reference="google-research/bert create_pretraining_data.py "
             "(create_instances_from_document) and run_pretraining.py (get_masked_lm_output)",
             differences="dynamic masking (RoBERTa) by default; B is always the actual "
@@ -137,14 +124,14 @@ RECIPES: dict[str, Recipe] = {
         _mlm_row(
             "bert_mlm_nsp",
             "masked LM + next-sentence prediction (BERT)",
-            objectives=("bert_mlm_nsp",),
+            task_objectives=("bert_mlm_nsp",),
             label="next_sentence_label",
             reference="google-research/bert run_pretraining.py (get_next_sentence_output)",
         ),
         _mlm_row(
             "albert_sop",
             "n-gram masked LM + sentence-order prediction (ALBERT)",
-            objectives=("albert_sop",),
+            task_objectives=("albert_sop",),
             label="sentence_order_label",
             model="albert_tiny",
             reference="google-research/albert run_pretraining.py (SOP through the NSP head)",
@@ -152,43 +139,28 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="causal_lm",
             summary="left-to-right LM, packed (GPT-2)",
-            objectives=("causal_lm",),
+            task_objectives=("causal_lm",),
             length_keys=("targets",),
             lengths_for=lambda n: {"targets": n},
             task_features=("targets",),
             converter=seqio.LMFeatureConverter,
             pack=True,
             loss=losses.causal_lm,
-            loss_features=("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"),
             architectures=("decoder",),
-            heads=("lm",),
-            metrics=("lm_loss", "lm_accuracy"),
-            learning_metrics=("lm_accuracy", "lm_loss"),
-            prediction_name="LM",
             example_model="gpt2_tiny",
             reference="t5 preprocessors (causal LM); seqio LMFeatureConverter",
         ),
         Recipe(
             name="decoder_prefix_lm",
             summary="prefix LM on a decoder-only model: bidirectional prefix, causal rest (T5)",
-            objectives=("prefix_lm",),
+            task_objectives=("prefix_lm",),
             length_keys=("inputs", "targets"),
             lengths_for=lambda n: {"inputs": n // 2, "targets": n // 2},
             task_features=("inputs", "targets"),
             converter=seqio.PrefixLMFeatureConverter,
             pack=True,
             loss=losses.prefix_lm,
-            loss_features=(
-                "decoder_input_tokens",
-                "decoder_target_tokens",
-                "decoder_loss_weights",
-                "decoder_causal_attention",
-            ),
             architectures=("prefix_lm",),
-            heads=("lm",),
-            metrics=("lm_loss", "lm_accuracy"),
-            learning_metrics=("lm_accuracy", "lm_loss"),
-            prediction_name="LM",
             example_model="gpt2_tiny",
             example_bindings=("ModelConfig.architecture = 'prefix_lm'",),
             reference="t5 preprocessors.prefix_lm; seqio PrefixLMFeatureConverter",
@@ -234,8 +206,11 @@ RECIPES: dict[str, Recipe] = {
             lengths_for=lambda n: {"inputs": n, "targets": mass.fragment_length(n, 0.5)},
             task_features=("inputs", "targets", "decoder_input_tokens", "decoder_positions"),
             converter=lambda pack: fc.MassFeatureConverter(pack=pack),
-            loss_options={"z_loss": 0.0, "cross_attention_ignores": vocab_lib.MASK_ID},
-            loss_features=seq2seq.FEATURES + ("decoder_positions",),
+            loss_options={
+                "z_loss": 0.0,
+                "cross_attention_ignores": vocab_lib.MASK_ID,
+                "given_decoder_positions": True,
+            },
             model="bart_tiny",
             check_lengths=_mass_fits,
             reference="microsoft/MASS MASS-unsupNMT/src/trainer.py (mass_step)",
@@ -244,20 +219,14 @@ RECIPES: dict[str, Recipe] = {
             name="xlnet_plm",
             summary="XLNet permutation LM: two streams, 1/6 of the tokens predicted, "
             "Transformer-XL memory carried from step to step",
-            objectives=("xlnet_plm",),
+            task_objectives=("xlnet_plm",),
             length_keys=("input_k", "target"),
             lengths_for=recipe_checks.xlnet_lengths,
             task_features=("input_k", "target"),
             converter=lambda pack: fc.PermutationLmFeatureConverter(pack=pack),
             pack=False,
             loss=losses.permutation_lm,
-            loss_features=plm.FEATURES + ("stream_step",),
             architectures=("xlnet",),
-            heads=("lm",),
-            metrics=("plm_loss", "plm_accuracy"),
-            prediction_features=("target", "target_mask"),
-            learning_metrics=("plm_accuracy", "plm_loss"),
-            prediction_name="PLM",
             example_model="xlnet_tiny",
             example_bindings=("XLNetOptions.mem_len = 48", "XLNetOptions.reuse_len = 32"),
             check_model=recipe_checks.xlnet_model_problems,
@@ -270,7 +239,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="spanbert",
             summary="SpanBERT: word-span masking, masked LM + span boundary objective (SBO)",
-            objectives=("spanbert",),
+            task_objectives=("spanbert",),
             length_keys=("input_ids", "masked_ids"),
             lengths_for=_mlm_lengths,
             task_features=ENCODER_MLM_FEATURES + spanbert.SBO_KEYS,
@@ -279,14 +248,8 @@ RECIPES: dict[str, Recipe] = {
             loss=losses.span_boundary,
             # The reference masks blocks before adding [CLS]/[SEP]: never an SBO boundary.
             loss_options={"excluded_boundary_ids": (vocab_lib.CLS_ID, vocab_lib.SEP_ID)},
-            loss_features=ENCODER_MLM_FEATURES + ("input_mask",) + spanbert.SBO_KEYS,
             architectures=("encoder",),
-            heads=("mlm", "sbo"),
             token_types="optional",
-            metrics=("mlm_loss", "mlm_accuracy", "sbo_loss", "sbo_accuracy"),
-            prediction_features=("masked_ids", "masked_weights"),
-            learning_metrics=("mlm_accuracy", "mlm_loss"),
-            prediction_name="MLM",
             example_model="bert_tiny",
             example_bindings=("ModelConfig.heads = ('mlm', 'sbo')",),
             reference="facebookresearch/SpanBERT pretraining/fairseq: models/pair_bert.py "
@@ -298,21 +261,15 @@ RECIPES: dict[str, Recipe] = {
             name="electra",
             summary="ELECTRA: a small MLM generator fills the masked slots with samples, the "
             "discriminator detects replaced tokens; one joint step, loss MLM + 50 x RTD",
-            objectives=("electra",),
+            task_objectives=("electra",),
             length_keys=("input_ids", "masked_ids"),
             lengths_for=_mlm_lengths,
             task_features=ENCODER_MLM_FEATURES,
             converter=_encoder_mlm(),
             pack=False,
             loss=electra_loss.electra,
-            loss_features=ENCODER_MLM_FEATURES + ("input_mask",),
             architectures=("encoder",),
-            heads=("mlm", "rtd"),
             token_types="optional",
-            metrics=electra_loss.METRICS,
-            prediction_features=("masked_ids", "masked_weights"),
-            learning_metrics=("mlm_accuracy", "mlm_loss"),
-            prediction_name="MLM",
             example_model="electra_tiny",
             check_model=electra_model.recipe_problems,
             reference="google-research/electra run_pretraining.py (PretrainingModel, "
@@ -324,23 +281,15 @@ RECIPES: dict[str, Recipe] = {
             name="unilm",
             summary="UniLM: masked LM in one encoder under per-example bidirectional, "
             "left-to-right, right-to-left or seq2seq attention masks (token types 0..5)",
-            objectives=("unilm",),
+            task_objectives=("unilm",),
             length_keys=("input_ids", "masked_ids"),
             lengths_for=_mlm_lengths,
             task_features=ENCODER_MLM_FEATURES + ("token_type_ids",) + unilm_loss.FEATURES,
             converter=_encoder_mlm(labels=unilm_loss.FEATURES),
             pack=False,
             loss=unilm_loss.unilm_mlm,
-            loss_features=ENCODER_MLM_FEATURES
-            + ("input_mask", "token_type_ids")
-            + unilm_loss.FEATURES,
             architectures=("encoder",),
-            heads=("mlm",),
             token_types="pairs",
-            metrics=("mlm_loss", "mlm_accuracy"),
-            prediction_features=("masked_ids", "masked_weights"),
-            learning_metrics=("mlm_accuracy", "mlm_loss"),
-            prediction_name="MLM",
             example_model="unilm_tiny",
             check_model=structure_checks.unilm_model_problems,
             reference="microsoft/unilm unilm-v1/src: biunilm/seq2seq_loader.py (the per-example "
@@ -353,7 +302,7 @@ RECIPES: dict[str, Recipe] = {
             name="structbert",
             summary="StructBERT: masked LM + trigram word structure (through the MLM head) + "
             "3-way sentence structure (next / previous / other document)",
-            objectives=("structbert",),
+            task_objectives=("structbert",),
             length_keys=("input_ids", "masked_ids"),
             lengths_for=_mlm_lengths,
             task_features=ENCODER_MLM_FEATURES
@@ -365,22 +314,8 @@ RECIPES: dict[str, Recipe] = {
             ),
             pack=False,
             loss=structbert_loss.structbert,
-            loss_features=ENCODER_MLM_FEATURES
-            + ("input_mask", "token_type_ids")
-            + structbert_loss.SHUFFLED_FEATURES
-            + (structbert_loss.SENTENCE_LABEL,),
             architectures=("encoder",),
-            heads=("mlm", "classifier"),
             token_types="pairs",
-            metrics=tuple(
-                f"{term}_{m}"
-                for term in ("mlm", "word_structure", "sentence")
-                for m in ("loss", "accuracy")
-            ),
-            prediction_features=("masked_ids", "masked_weights"),
-            learning_metrics=("mlm_accuracy", "mlm_loss"),
-            prediction_name="MLM",
-            label_metrics=(("sentence_accuracy", structbert_loss.SENTENCE_LABEL),),
             example_model="structbert_tiny",
             check_lengths=structure_checks.structbert_lengths_fit,
             check_model=structure_checks.structbert_model_problems,

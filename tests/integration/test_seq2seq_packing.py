@@ -18,7 +18,7 @@ EXAMPLES = 10
 
 
 def _examples(recipe: recipes.Recipe, lengths) -> list[dict]:
-    task = seqio.get_mixture_or_task(f"wiki_sample_{recipe.objectives[0]}")
+    task = seqio.get_mixture_or_task(f"wiki_sample_{recipe.task_objectives[0]}")
     dataset = task.get_dataset(lengths, split="validation", shuffle=False, seed=0)
     return list(dataset.take(EXAMPLES).as_numpy_iterator())
 

@@ -234,7 +234,7 @@ def test_the_rtd_line_counts_held_out_tokens_against_the_larger_class():
             yield {"input_mask": np.array([[1, 1, 1, 1], [1, 0, 0, 0]])}
 
     held = {"eval/rtd_accuracy": 0.9, "eval/replaced_fraction": 0.2}
-    (line,) = pretrain_report.label_lines(recipes.get("electra"), held, HeldOut())
+    (line,) = pretrain_report.label_lines(recipes.get("electra").objective, held, HeldOut())
     p = report.binomial_upper_tail(9, 10, 0.8)  # 10 real tokens, 9 right, always-real 0.8
     assert line == (
         f"held-out rtd accuracy: 0.9000 over 10 tokens (always the larger class: 0.8000; "

@@ -206,7 +206,7 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
     assert got["cross_entropy"] < got["unigram"] and got["accuracy"] > got["majority"], out
     labels = _label_results(out)
     recipe = recipes.get(json.loads((tmp_path / "run.json").read_text())["recipe"])
-    assert len(labels) == len(recipe.label_metrics), out
+    assert len(labels) == len(recipe.objective.label_metrics), out
     learnt = []
     for label in labels:
         right = round(label["accuracy"] * label["rows"])
@@ -218,7 +218,7 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
         r"([\d.]+); binomial p = ([\d.e+-]+)\)",
         out,
     )
-    assert len(rtd) == ("rtd_accuracy" in recipe.metrics), out
+    assert len(rtd) == ("rtd_accuracy" in recipe.objective.metrics), out
     for accuracy, tokens, majority, p in rtd:  # always "real" scores 1 - the replaced share
         n = int(tokens.replace(",", ""))
         p_value = report.binomial_upper_tail(round(float(accuracy) * n), n, float(majority))
