@@ -318,6 +318,12 @@ class TrainConfig(_Group):
             *self.trainer.problems(),
             *self.checkpointing.problems(),
         ]
+        rate, steps = self.optimizer.learning_rate, self.trainer.train_steps
+        if isinstance(rate, ScheduleConfig) and rate.total_steps is None and steps >= 1:
+            try:  # the schedule spans the run: its checks need train_steps
+                rate.build(train_steps=steps)
+            except ValueError as error:
+                problems.append(f"optimizer.learning_rate over trainer.train_steps: {error}")
         for module in self.data.task_modules:
             try:
                 importlib.import_module(module)

@@ -131,6 +131,22 @@ def test_groups_refuse_bad_names_and_wrong_types_when_made(tmp_path):
         _smoke(tmp_path).replace(optimizer={"name": "adamw"})
 
 
+def test_a_schedule_that_spans_the_run_is_checked_against_its_steps(tmp_path):
+    run = _smoke(tmp_path)
+    spans_run = run.optimizer.learning_rate.replace(total_steps=None, warmup_steps=5)
+    run = run.replace(optimizer=run.optimizer.replace(learning_rate=spans_run))
+    with pytest.raises(InvalidRunError) as error:
+        run.validate()
+    assert error.value.problems == [
+        "optimizer.learning_rate over trainer.train_steps: need 0 <= warmup_steps <= "
+        f"total_steps and total_steps > 0, got warmup_steps=5, total_steps={SMOKE_STEPS}"
+    ]
+    longer = run.replace(trainer=run.trainer.replace(train_steps=10))
+    assert longer.validate().problems == []
+    _, schedule = longer.optimizer.build(train_steps=10)
+    assert float(schedule(10)) == 0.0 < float(schedule(9))  # it decays to 0 at the last step
+
+
 def test_the_run_is_checked_once(tmp_path, monkeypatch):
     calls = []
     check_run = preflight.check_run
