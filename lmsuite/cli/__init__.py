@@ -278,15 +278,15 @@ RUN_FILE = "run.json"  # = lmsuite.evaluation.run_config.RUN_FILE (evaluation ca
 
 
 def _train(args):
-    """(the run's `TrainConfig`, its `loop.RunResult`): `lmsuite.train` of the gin config."""
-    from lmsuite.training import loop
+    """(the run's `TrainConfig`, its `RunResult`): `lmsuite.train` of the gin config."""
+    import lmsuite
 
     if args.distributed:
         initialize_distributed(args)
 
     text_task.prepare_run(args)  # --train_files: the recipe's task over them becomes TASK
-    run = load_run(args)  # checked once, here, with gin's problems
-    return run, loop.train(run)  # run.json and config.gin first, then the loop
+    run = load_run(args)  # checked once, here, listed with gin's problems
+    return run, lmsuite.train(run)  # writes run.json and config.gin, then trains
 
 
 def _metric_line(metrics: dict, keys) -> str:

@@ -3,6 +3,8 @@ built in Python equals the one gin builds from the same settings, and `lmsuite.t
 run.json that `lmsuite.load` reads."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -206,3 +208,15 @@ def test_the_recipe_may_be_named_or_chosen(tmp_path):
     named = _smoke(tmp_path)
     chosen = named.replace(recipe=recipes.make_recipe(name="bert_mlm"))
     assert named == chosen and isinstance(named.recipe, recipes.RecipeChoice)
+
+
+def test_lmsuite_exports_the_training_api_without_importing_jax():
+    code = (
+        "import sys, lmsuite; print('jax' in sys.modules, "
+        "{'train', 'TrainConfig', 'run_from_gin'} <= set(dir(lmsuite)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+    from lmsuite.training import loop
+
+    assert lmsuite.train is loop.train and lmsuite.TrainConfig is TrainConfig
