@@ -45,34 +45,34 @@ from lmsuite.models import Transformer
 from lmsuite.training import input_pipeline, loop, recipes, report, step, train_state
 
 
-def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
-    """Compiles and warms up the bare step; the returned function runs `steps` more and returns
-    the seconds they took.
+def bare_step_measurer(run) -> Callable[[int], float]:
+    """Compiles and warms up the bare step of `run` (a `TrainConfig`); the returned function
+    runs `steps` more and returns the seconds they took.
 
     The step is built as `loop.train` builds it: the recipe's objective and feature converter,
     the model initialised from the batched input's `element_spec`, the config's rules,
     microbatches and non-finite policy.
     """
-    data, fsdp, tensor = kwargs["mesh_shape"]
+    trainer = run.trainer
+    data, fsdp, tensor = trainer.mesh_shape
     mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
-    rules = kwargs.get("rules", partitioning.DEFAULT_RULES)
-    model = Transformer(kwargs["model_config"])
-    recipe = kwargs["recipe"]
-    if isinstance(recipe, recipes.RecipeChoice):
-        recipe = recipes.build(recipe, model_config=kwargs["model_config"])
+    rules = trainer.rules
+    model = Transformer(run.model)
+    recipe = recipes.build(run.recipe, model_config=run.model)
     objective = recipe.objective
+    tx, learning_rate_fn = run.optimizer.build(train_steps=trainer.train_steps)
     dataset = input_pipeline.process_dataset(
-        task=kwargs["task"],
-        sequence_length=kwargs["sequence_length"],
+        task=run.data.task,
+        sequence_length=run.data.sequence_length,
         feature_converter=recipe.feature_converter,
-        global_batch_size=kwargs["batch_size"],
+        global_batch_size=run.data.batch_size,
     )
     example = report.example_inputs(dataset.element_spec)
     state, shardings, _ = train_state.create_sharded_state(
         init_params=lambda r: model.init({"params": r}, **objective.model_inputs(example))[
             "params"
         ],
-        tx=kwargs["optimizer"],
+        tx=tx,
         mesh=mesh,
         rng=jax.random.PRNGKey(0),
         rules=rules,
@@ -84,13 +84,13 @@ def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
     run = step.jit_train_step(
         apply_fn=model.apply,
         objective=objective,
-        learning_rate_fn=kwargs["learning_rate_fn"],
+        learning_rate_fn=learning_rate_fn,
         state_shardings=shardings,
         batch_sharding=batch_sharding,
         mesh=mesh,
         rules=rules,
-        num_microbatches=kwargs.get("num_microbatches", 1),
-        skip_nonfinite=kwargs.get("skip_nonfinite", False),
+        num_microbatches=trainer.num_microbatches,
+        skip_nonfinite=trainer.skip_nonfinite,
     )
     rng = jax.random.PRNGKey(1)
     for _ in range(3):  # compile and warm up
@@ -108,13 +108,14 @@ def bare_step_measurer(kwargs: dict) -> Callable[[int], float]:
     return measure
 
 
-def loop_rates(kwargs: dict, steps: int) -> tuple[float, float]:
+def loop_rates(run, steps: int) -> tuple[float, float]:
     """Runs the full loop for `steps` steps; (steps/s, real tokens/s) over its timed windows."""
     with tempfile.TemporaryDirectory() as model_dir:
-        # Checked once by `cli.load_config`, as `lmsuite train` does.
         loop.train(
-            model_dir=model_dir,
-            **kwargs | {"train_steps": steps, "log_every": 10, "checked": True},
+            run.replace(
+                trainer=run.trainer.replace(train_steps=steps, log_every=10),
+                checkpointing=run.checkpointing.replace(model_dir=model_dir),
+            )
         )
         records = [json.loads(line) for line in Path(model_dir, "metrics.jsonl").open()]
     windows = [r for r in records if "tokens_per_sec" in r][1:]  # the first holds compilation
@@ -132,23 +133,26 @@ def main(argv):
     parser.add_argument("--gin_file", default="experiments/default.gin")
     known, rest = parser.parse_known_args(argv)
     args = cli.parse_args(["train", f"--gin_file={known.gin_file}", "--model_dir=/unused", *rest])
-    kwargs = cli.load_config(args) | {"progress_bar": True, "eval_every": 0, "final_eval": False}
+    run = cli.load_run(args)
+    run = run.replace(
+        trainer=run.trainer.replace(progress_bar=True, eval_every=0, final_eval=False)
+    )
     if known.steps is None:
-        known.steps = kwargs["checkpoint_every"] + 100
+        known.steps = run.checkpointing.every + 100
     if known.steps < 30 or known.trials < 1:
         parser.error(f"need --steps >= 30 and --trials >= 1, got {known.steps}, {known.trials}")
     print(
         f"{known.gin_file}: {known.trials} trials of {known.steps} steps, a checkpoint every "
-        f"{kwargs['checkpoint_every']}"
+        f"{run.checkpointing.every}"
     )
-    measure_bare = bare_step_measurer(kwargs)
+    measure_bare = bare_step_measurer(run)
     timed = known.steps - 10  # the loop's first 10-step window holds compilation
     ratios, bare_tokens, loop_tokens = [], [], []
     for trial in range(known.trials):
         # The machine's speed drifts over tens of seconds: bracket each loop run by two bare
         # halves and compare the loop with their combined rate.
         seconds = measure_bare(timed // 2)
-        loop_steps, loop_tokens_per_sec = loop_rates(kwargs, known.steps)
+        loop_steps, loop_tokens_per_sec = loop_rates(run, known.steps)
         seconds += measure_bare(timed - timed // 2)
         bare_steps = timed / seconds
         ratios.append(loop_steps / bare_steps)

@@ -6,11 +6,25 @@ from lmsuite import extras as _extras
 
 _extras.load_triton_before_tensorflow()  # lmsuite imports TensorFlow; torch may come later
 
+# name -> (module, attribute): imported on first use, so `import lmsuite` does not import jax
+# (the CLI's start stays cheap).
+_LAZY = {
+    "load": ("lmsuite.evaluation.load", "load"),
+    "train": ("lmsuite.training.loop", "train"),
+    "RunResult": ("lmsuite.training.loop", "RunResult"),
+    "TrainConfig": ("lmsuite.training.train_config", "TrainConfig"),
+    "run_from_gin": ("lmsuite.cli.gin_run", "run_from_gin"),
+}
+
 
 def __getattr__(name: str):
-    # `lmsuite.load` without importing jax on `import lmsuite` (the CLI's start stays cheap).
-    if name == "load":
-        from lmsuite.evaluation.load import load
+    if name in _LAZY:
+        import importlib
 
-        return load
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'lmsuite' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

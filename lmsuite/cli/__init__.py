@@ -22,12 +22,9 @@ them. Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM,
 """
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
-
-import gin
 
 from lmsuite.cli import pretrain_report, quiet, text_task
 from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables: public API)
@@ -37,6 +34,7 @@ from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables
     _nearest,
     import_task_modules,
     load_config,
+    load_run,
     model_config_from_gin,
     register_configurables,
 )
@@ -246,8 +244,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_train(args):
-    kwargs, result = _train(args)
-    print(summary_text(kwargs, result))
+    run, result = _train(args)
+    print(summary_text(run, result))
     return result
 
 
@@ -280,56 +278,38 @@ RUN_FILE = "run.json"  # = lmsuite.evaluation.run_config.RUN_FILE (evaluation ca
 
 
 def _train(args):
-    """(train's arguments, the run's `loop.RunResult`)."""
-    from lmsuite.training import loop
+    """(the run's `TrainConfig`, its `RunResult`): `lmsuite.train` of the gin config."""
+    import lmsuite
 
     if args.distributed:
         initialize_distributed(args)
 
     text_task.prepare_run(args)  # --train_files: the recipe's task over them becomes TASK
-    kwargs = load_config(args)
-    from etils import epath
-
-    model_dir = epath.Path(args.model_dir)  # local or gs://
-    model_dir.mkdir(parents=True, exist_ok=True)
-    # Every configurable was called while the arguments were collected: this is the operative
-    # config, as T5X writes it.
-    (model_dir / "config.gin").write_text(gin.operative_config_str())
-    # What `lmsuite.load` rebuilds the model and its vocabulary from, without gin.
-    run = {
-        "model_config": kwargs["model_config"].to_json(),
-        "task": kwargs["task"],
-        "sequence_length": dict(kwargs["sequence_length"]),
-        "recipe": kwargs["recipe"].recipe.name,
-        # What registers TASK again, so `lmsuite eval` and `lmsuite.load` need no flags.
-        "task_modules": list(args.task_module),
-    }
-    if args.text_task is not None:
-        run["text_task"] = args.text_task.to_json()
-    (model_dir / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
-    return kwargs, loop.train(model_dir=str(model_dir), checked=True, **kwargs)
+    run = load_run(args)  # checked once, here, listed with gin's problems
+    return run, lmsuite.train(run)  # writes run.json and config.gin, then trains
 
 
 def _metric_line(metrics: dict, keys) -> str:
     return "  ".join(f"{k.removeprefix('eval/')} {metrics[k]:.4f}" for k in keys if k in metrics)
 
 
-def summary_text(kwargs: dict, result) -> str:
+def summary_text(run, result) -> str:
     """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
-    recipe = kwargs["recipe"].recipe
-    metric_keys = ["loss", *kwargs["recipe"].objective.metrics]
+    from lmsuite.training import recipes
+
+    recipe = run.recipe.recipe
+    metric_keys = ["loss", *recipes.build(run.recipe, model_config=run.model).objective.metrics]
     train = result.train_metrics
     lines = [
-        f"lmsuite train: step {result.step} of {kwargs['train_steps']} on {kwargs['task']!r} "
+        f"lmsuite train: step {result.step} of {run.trainer.train_steps} on {run.data.task!r} "
         f"with recipe {recipe.name!r}",
         f"  final train:  {_metric_line(train, metric_keys)}"
         + (f"  ({train['tokens_per_sec']:.0f} tokens/s)" if "tokens_per_sec" in train else ""),
     ]
     held_out = result.eval_metrics
-    split = kwargs.get("eval_split", "validation")
     if held_out:
         eval_keys = [f"eval/{k}" for k in metric_keys]
-        lines.append(f"  held-out ({split}):  {_metric_line(held_out, eval_keys)}")
+        lines.append(f"  held-out ({run.data.eval_split}):  {_metric_line(held_out, eval_keys)}")
     else:
         lines.append("  held-out: no evaluation ran (train.final_eval = False)")
     model_dir = Path(result.model_dir) if "://" not in result.model_dir else result.model_dir
@@ -347,35 +327,24 @@ UNIGRAM_BATCHES = 1000  # train batches the unigram baseline counts at most
 
 
 def run_pretrain(args):
-    from lmsuite.training import input_pipeline, metrics, report
+    from lmsuite.training import metrics, recipes, report
 
-    kwargs, result = _train(args)
-    print(summary_text(kwargs, result))
-    built = kwargs["recipe"]
-    data = dict(
-        task=kwargs["task"],
-        sequence_length=kwargs["sequence_length"],
-        feature_converter=built.feature_converter,
-        global_batch_size=kwargs["batch_size"],
-        rows_task=built.recipe.rows_task,
-    )
-    held_out = input_pipeline.eval_dataset(  # the batches the run's evaluation read
-        **data,
-        split=kwargs.get("eval_split", input_pipeline.EVAL_SPLIT),
-        batches=kwargs.get("eval_batches", input_pipeline.EVAL_BATCHES),
-    )
+    run, result = _train(args)
+    print(summary_text(run, result))
+    built = recipes.build(run.recipe, model_config=run.model)
+    held_out = run.data.eval_dataset(built)  # the batches the run's evaluation read
     targets, weights = built.objective.prediction_features
     baselines = report.baselines(
         held_out.as_numpy_iterator(),
         # The whole train split of the embedded corpora; a prefix of a production corpus's.
-        train_batches=input_pipeline.process_dataset(
-            **data, split="train", shuffle=False, repeat=False
+        train_batches=run.data.train_dataset(
+            built, seed=run.trainer.seed, shuffle=False, repeat=False
         )
         .take(UNIGRAM_BATCHES)
         .as_numpy_iterator(),
         targets=targets,
         weights=weights,
-        vocab_size=kwargs["model_config"].vocab_size,
+        vocab_size=run.model.vocab_size,
     )
     from lmsuite.training.checkpointing import absolute
 
@@ -403,7 +372,8 @@ def run_pretrain(args):
         print(line)
     fill_mask_lines = []
     if result.checkpoints:
-        fill_mask_lines = pretrain_report.fill_mask_text(kwargs, str(model_dir))
+        trained = {"model_config": run.model, "task": run.data.task}
+        fill_mask_lines = pretrain_report.fill_mask_text(trained, str(model_dir))
     if fill_mask_lines:
         print("\n".join(fill_mask_lines))
     return result

@@ -73,7 +73,8 @@ def register_configurables() -> None:
     """Makes the library functions configurable under stable gin names (idempotent)."""
     from lmsuite.models import ModelConfig, XLNetOptions
     from lmsuite.models.config import DebertaOptions, ElectraOptions
-    from lmsuite.training import optimizers, recipes, schedules
+    from lmsuite.training import recipes
+    from lmsuite.training.train_config import OptimizerConfig, ScheduleConfig
 
     # Converters and losses are not configurable on their own: a recipe pairs them
     # (lmsuite/training/recipes.py), and make_recipe takes the options.
@@ -83,8 +84,10 @@ def register_configurables() -> None:
         (ElectraOptions, "ElectraOptions", "lmsuite.models"),
         (DebertaOptions, "DebertaOptions", "lmsuite.models"),
         (_collect_train_args, "train", "lmsuite.training"),
-        (optimizers.make_optimizer, "make_optimizer", "lmsuite.training"),
-        (schedules.make_schedule, "make_schedule", "lmsuite.training"),
+        # The run config's optimizer and schedule, under the names of the functions that make
+        # them (the gin files bind make_optimizer.eps, make_schedule.warmup_steps, ...).
+        (OptimizerConfig, "make_optimizer", "lmsuite.training"),
+        (ScheduleConfig, "make_schedule", "lmsuite.training"),
         (recipes.make_recipe, "make_recipe", "lmsuite.training"),
     ]
     for fn, name, module in entries:
@@ -94,16 +97,18 @@ def register_configurables() -> None:
 
 def _signature_params(selector: str) -> list[str] | None:
     """Parameter names of a configurable; None if it takes **kwargs we cannot check."""
-    from lmsuite.training import loop
+    from lmsuite.cli import gin_run
 
     configurable = gin.config._REGISTRY.get_match(selector)
-    fn = loop.train if configurable.name == "train" else configurable.wrapped
+    if configurable.name == "train":  # collects its arguments: gin_run maps them onto the groups
+        return [*gin_run.TRAIN_PARAMETERS, gin_run.LEARNING_RATE_FN]
+    fn = configurable.wrapped
     if inspect.isclass(fn):
         fn = fn.__init__
     params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()) and fn is not loop.train:
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return None
-    return [n for n in params if n not in ("self", "model_dir")]
+    return [n for n in params if n != "self"]
 
 
 # ------------------------------------------------------------------------------- checks
@@ -326,17 +331,19 @@ def _evaluate_train_arguments(problems: list[str]) -> dict:
     return out
 
 
-def load_config(args, *, need_data: bool = True, devices: int | None = None) -> dict:
-    """Parses gin files and bindings, checks them, and returns `train`'s arguments.
+def load_run(args, *, need_data: bool = True, devices: int | None = None):
+    """Parses gin files and bindings, checks them, and returns the run's checked `TrainConfig`.
 
     `lmsuite compile` passes `need_data=False` (it reads no examples: unprepared data is a
     warning) and the slice's device count (the mesh is checked against it, not this host's).
 
     Every problem is collected before raising: gin's typos and unset macros, task modules and
-    gin imports that fail, configurables that reject their values, and the evaluated run's
-    problems (`preflight.check_run`: task, data, recipe, model, vocabulary, mesh).
+    gin imports that fail, configurables that reject their values, and the run's own problems
+    (`TrainConfig.check`: its groups' values, task, data, recipe, model, vocabulary, mesh).
     """
+    from lmsuite.cli import gin_run
     from lmsuite.training import preflight
+    from lmsuite.training.train_config import InvalidRunError
 
     register_configurables()
     if getattr(args, "tfds_data_dir", None):
@@ -344,7 +351,8 @@ def load_config(args, *, need_data: bool = True, devices: int | None = None) -> 
 
         seqio.set_tfds_data_dir_override(args.tfds_data_dir)
     search_paths = [Path(p) for p in args.gin_search_paths] + [GIN_DIR]
-    problems = import_task_modules(getattr(args, "task_module", []) or [])
+    task_modules = getattr(args, "task_module", []) or []
+    problems = import_task_modules(task_modules)
     bad_bindings: set[int] = set()
     problems += static_problems(args.gin_file, args.gin_bindings, search_paths, bad_bindings)
     gin.clear_config()
@@ -363,27 +371,58 @@ def load_config(args, *, need_data: bool = True, devices: int | None = None) -> 
         problems.append(
             "no recipe: set RECIPE (e.g. --gin.RECIPE='bert_mlm'; `lmsuite recipes list`)"
         )
-    found = preflight.check_run(
-        task=kwargs.get("task"),
-        recipe=kwargs["recipe"].recipe if "recipe" in kwargs else None,
-        sequence_length=kwargs.get("sequence_length"),
-        model_config=kwargs.get("model_config"),
-        batch_size=kwargs.get("batch_size"),
-        mesh_shape=kwargs.get("mesh_shape", (-1, 1, 1)),
-        num_microbatches=kwargs.get("num_microbatches", 1),
-        train_steps=kwargs.get("train_steps"),
-        devices=devices,
-        need_data=need_data,
-    )
-    problems += found.problems
-    for warning in found.warnings:
-        print(f"lmsuite: warning: {warning}", file=sys.stderr)
-    if problems:
-        raise ConfigError(problems)
-    from lmsuite.training import recipes
+    if problems:  # no run can be built; what did evaluate is still checked, to list it all
+        found = preflight.check_run(
+            task=kwargs.get("task"),
+            recipe=kwargs["recipe"].recipe if "recipe" in kwargs else None,
+            sequence_length=kwargs.get("sequence_length"),
+            model_config=kwargs.get("model_config"),
+            batch_size=kwargs.get("batch_size"),
+            mesh_shape=kwargs.get("mesh_shape", (-1, 1, 1)),
+            num_microbatches=kwargs.get("num_microbatches", 1),
+            train_steps=kwargs.get("train_steps"),
+            devices=devices,
+            need_data=need_data,
+        )
+        _print_warnings(found.warnings)
+        raise ConfigError(problems + found.problems)
+    try:
+        run = gin_run.train_config(
+            kwargs,
+            # `lmsuite compile` writes no run (its --model_dir only receives the executable)
+            model_dir=getattr(args, "model_dir", None) or ".",
+            task_modules=task_modules,
+            # Every configurable was called while the arguments were evaluated: this is the
+            # operative config, as T5X writes it.
+            operative_config=gin.operative_config_str(),
+        )
+    except (TypeError, ValueError) as error:
+        raise ConfigError([str(error)]) from error
+    try:
+        if need_data and devices is None:
+            found = run.validate()  # once: `lmsuite.train(run)` does not check it again
+        else:
+            found = run.check(devices=devices, need_data=need_data)
+            if found.problems:
+                raise InvalidRunError(found.problems, found.warnings)
+    except InvalidRunError as error:
+        _print_warnings(error.warnings)
+        raise ConfigError(error.problems) from error
+    _print_warnings(found.warnings)
+    return run
 
-    kwargs["recipe"] = recipes.build(kwargs["recipe"], model_config=kwargs["model_config"])
-    return kwargs
+
+def load_config(args, *, need_data: bool = True, devices: int | None = None) -> dict:
+    """`load_run`'s run as the flat arguments gin's `train` binds, the recipe built and the
+    optimizer made (`gin_run.train_arguments`: what `lmsuite compile` compiles)."""
+    from lmsuite.cli import gin_run
+
+    return gin_run.train_arguments(load_run(args, need_data=need_data, devices=devices))
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"lmsuite: warning: {warning}", file=sys.stderr)
 
 
 def model_config_from_gin(

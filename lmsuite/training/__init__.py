@@ -2,14 +2,22 @@
 preflight checks, optimizers, schedules, the sharded train state and step, checkpoints, input,
 metrics and the loop.
 
-Typical use without gin (a notebook):
+Typical use without gin (a notebook): one `TrainConfig` of frozen groups, trained by
+`lmsuite.train` (`loop.train`), which checks it and writes run.json first:
 
-    from lmsuite.training import loop, optimizers, recipes, schedules
-    schedule = schedules.make_schedule(name="linear", peak_value=1e-3, warmup_steps=50,
-                                       total_steps=500)
-    loop.train(model_dir="runs/x", model_config=config, task="wiki_sample_bert_mlm",
-               sequence_length={"input_ids": 128, "masked_ids": 20},
-               recipe=recipes.make_recipe(name="bert_mlm"),
-               optimizer=optimizers.make_optimizer(name="adamw", learning_rate=schedule),
-               learning_rate_fn=schedule, batch_size=32, train_steps=500)
+    import lmsuite
+    from lmsuite.training.train_config import (CheckpointConfig, DataConfig, OptimizerConfig,
+                                                ScheduleConfig, TrainConfig, TrainerConfig)
+    run = TrainConfig(
+        data=DataConfig(task="wiki_sample_bert_mlm", batch_size=32,
+                        sequence_length={"input_ids": 128, "masked_ids": 20}),
+        model=config, recipe="bert_mlm",
+        optimizer=OptimizerConfig(name="adamw",
+                                  learning_rate=ScheduleConfig(peak_value=1e-3, warmup_steps=50)),
+        trainer=TrainerConfig(train_steps=500),
+        checkpointing=CheckpointConfig(model_dir="runs/x"))
+    result = lmsuite.train(run)
+
+or from gin files, as `lmsuite train` builds it: `lmsuite.run_from_gin("experiments/smoke.gin",
+model_dir="runs/x", bindings={"TRAIN_STEPS": 100})`.
 """

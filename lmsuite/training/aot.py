@@ -212,10 +212,10 @@ def compile_train_step(
     """Compiles `lmsuite train`'s step for `accelerator` with `mesh_shape` (data, fsdp, tensor;
     one may be -1) and reports its memory, FLOPs and projected time.
 
-    Takes `loop.train`'s arguments (the ones that shape the step; the rest are ignored), so
-    `lmsuite compile` passes the gin config's `train` bindings unchanged. `serialize_to` writes
-    the compiled executable there (jax.experimental.serialize_executable's payload). `batch`
-    skips building the input pipeline (auto-mesh compiles reuse one).
+    Takes gin's `train` arguments (`cli.load_config`: the run config flattened; the ones that
+    shape the step are read, the rest ignored), so `lmsuite compile` passes them unchanged.
+    `serialize_to` writes the compiled executable there (jax.experimental.serialize_executable's
+    payload). `batch` skips building the input pipeline (auto-mesh compiles reuse one).
 
     Raises:
       ValueError: an unknown accelerator, a mesh that does not multiply to its device count, a

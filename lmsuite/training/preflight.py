@@ -2,8 +2,8 @@
 
 `check_run` returns every problem at once (the task, its data, its vocabulary against the model,
 the recipe, the batch against the mesh, the lengths against the position table) plus warnings
-that do not stop a run. `lmsuite train` lists them together with gin's typos; `loop.train`
-raises on the problems for callers that skip the CLI.
+that do not stop a run. `TrainConfig.validate` raises on them (once per run config); `lmsuite
+train` lists them together with gin's typos.
 """
 
 import dataclasses
@@ -222,13 +222,6 @@ def batch_checks(problems, batch_size, mesh_shape, num_microbatches, devices=Non
             f"{batch_size // num_microbatches} rows is not divisible by the batch axes "
             f"data*fsdp = {data * fsdp}"
         )
-
-
-def raise_problems(found: Findings) -> None:
-    """Raises a ValueError listing every problem (the library path; the CLI prints them)."""
-    if found.problems:
-        lines = "\n".join(f"  - {p}" for p in found.problems)
-        raise ValueError(f"this run cannot start:\n{lines}")
 
 
 def recipe_task_problems(
