@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from lmsuite.models import stack
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
-from lmsuite.models.inputs import self_attention_mask, validate_inputs
+from lmsuite.models.inputs import refuse_given, self_attention_mask, validate_inputs
 from lmsuite.models.outputs import head_outputs
 from lmsuite.models.stack import Stack
 
@@ -58,22 +58,17 @@ class DecoderModel(nn.Module):
         """
         cfg = self.config
         if self.prefix and prefix_mask is None:
-            raise ValueError(
-                f"architecture='prefix_lm' needs prefix_mask (B, {'M' if cache else 'L'})"
-            )
+            length = "L" if cache is None else "M"
+            raise ValueError(f"architecture='prefix_lm' needs prefix_mask (B, {length})")
         if not self.prefix and prefix_mask is not None:
             raise ValueError("prefix_mask is for architecture='prefix_lm', not a plain decoder")
         token_embedder = make_token_embedder(cfg)
         embedder = Embedder(config=cfg, token_embedder=token_embedder, name="embedder")
         decoder = Stack(config=cfg, num_layers=cfg.num_layers, causal=True, name="decoder")
         if cache is not None:
-            if token_type_ids is not None or segment_ids is not None:
-                given = [
-                    n
-                    for n, x in (("token_type_ids", token_type_ids), ("segment_ids", segment_ids))
-                    if x is not None
-                ]
-                raise ValueError(f"cached decoding does not take {given}")
+            refuse_given(
+                dict(token_type_ids=token_type_ids, segment_ids=segment_ids), "cached decoding"
+            )
             if cache_index is None:
                 raise ValueError(
                     "a cache needs cache_index, the position the inputs are written to"

@@ -109,3 +109,17 @@ def test_a_family_refuses_heads_of_another():
         families.example_inputs(CONFIGS["prefix_lm"], batch=1, length=4)["prefix_mask"].shape
         == ids.shape
     )
+
+
+def test_cached_decoding_refuses_training_only_inputs_by_name():
+    config = CONFIGS["decoder"]
+    model = families.Transformer(config)
+    ids = np.ones((1, 3), np.int32)
+    params = model.init(jax.random.PRNGKey(0), ids)
+    cache = families.init_cache(config, batch_size=1, length=4)
+    with pytest.raises(ValueError, match=r"cached decoding does not take \['segment_ids'\]"):
+        model.apply(params, ids, cache=cache, cache_index=0, segment_ids=ids)
+    with pytest.raises(ValueError, match="a cache needs cache_index"):
+        model.apply(params, ids, cache=cache)
+    with pytest.raises(ValueError, match=r"needs prefix_mask \(B, M\)"):
+        families.Transformer(CONFIGS["prefix_lm"]).apply(params, ids, cache=cache, cache_index=0)
