@@ -75,6 +75,8 @@ from collections.abc import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
+from lmsuite.data import mixtures
+
 _Spec = seqio.FeatureConverter.FeatureSpec
 
 
@@ -145,6 +147,8 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         kwargs.setdefault("apply_length_check", False)
         super().__init__(pack=pack, **kwargs)
         self._labels, self._span_features = tuple(labels), tuple(span_features)
+        if mixtures.TASK_IDS in self._span_features:  # its length comes with the task lengths
+            self.TASK_FEATURES = {**type(self).TASK_FEATURES, mixtures.TASK_IDS: _Spec(tf.int32)}
         self.MODEL_FEATURES = {
             **type(self).MODEL_FEATURES,
             **{name: _Spec(dtype=tf.int32) for name in self._span_features},
@@ -265,6 +269,56 @@ def _pack_mlm(ds, *, length: int, predictions: int, span_features: Sequence[str]
     lengths.update({key: predictions for key in span_keys.values()})
     ds = seqio.utils.trim_and_pack_dataset(ds, lengths)
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+class _EncDecWithTaskIds(seqio.EncDecFeatureConverter):
+    """`EncDecFeatureConverter` also carrying a mixture's `task_ids` [M] (`with_task_ids`)."""
+
+    def __init__(self, *, pack: bool = True, **kwargs):
+        super().__init__(pack=pack, **kwargs)
+        # SeqIO's constructor refuses passthrough features with packing, but its packer carries
+        # them: `trim_and_pack_dataset` packs every feature of the lengths it is given, and an
+        # example joins a row only if all fit, so task ids [M] stay aligned with the targets.
+        self._passthrough_features = {mixtures.TASK_IDS: mixtures.TASK_IDS_SPEC}
+
+
+class _LMWithTaskIds(seqio.LMFeatureConverter):
+    """`LMFeatureConverter` that also carries a mixture's `task_ids` [L] (see `with_task_ids`)."""
+
+    def __init__(self, *, pack: bool = True, **kwargs):
+        super().__init__(pack=pack, **kwargs)
+        self._passthrough_features = {mixtures.TASK_IDS: mixtures.TASK_IDS_SPEC}  # as above
+
+    def get_model_feature_lengths(self, task_feature_lengths):
+        lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
+        lengths[mixtures.TASK_IDS] = task_feature_lengths[mixtures.TASK_IDS]
+        return lengths
+
+
+def with_task_ids(converter: seqio.FeatureConverter) -> seqio.FeatureConverter:
+    """The same conversion, also carrying a mixture's per-token `task_ids` along the tokens the
+    loss weighs (`lmsuite.data.mixtures`): the targets of `EncDecFeatureConverter` and
+    `LMFeatureConverter` (packed or not), the predictions of `EncoderMlmFeatureConverter` (as
+    one more span feature).
+
+    Raises:
+      ValueError: for any other converter (its features would lose the alignment).
+    """
+    kind = type(converter)
+    if kind is seqio.EncDecFeatureConverter:
+        return _EncDecWithTaskIds(pack=converter.pack)
+    if kind is seqio.LMFeatureConverter:
+        return _LMWithTaskIds(pack=converter.pack)
+    if kind is EncoderMlmFeatureConverter:
+        return EncoderMlmFeatureConverter(
+            labels=converter._labels,
+            span_features=(*converter._span_features, mixtures.TASK_IDS),
+            pack=converter.pack,
+        )
+    raise ValueError(
+        f"{kind.__name__} cannot carry a mixture's task ids; per-task metrics need "
+        "EncDecFeatureConverter, LMFeatureConverter or EncoderMlmFeatureConverter"
+    )
 
 
 class MassFeatureConverter(seqio.FeatureConverter):

@@ -8,12 +8,15 @@ Example (wiki_sample_t5_span_corruption):
   --- example 0
   inputs:  In Greek mythology<X0> a Greek hero of the Trojan War<X1> ...</s>
   targets: <X0>, Achilles or Achilleus was<X1> ...</s>
+A mixture's examples (`wiki_sample_seq2seq_mixture`) are sampled at its rates, each headed by
+its task (`task: wiki_sample_prefix_lm`).
 """
 
 import numpy as np
 import seqio
 
 import lmsuite.data.tasks  # noqa: F401  (registers the tasks)
+from lmsuite.data import mixtures
 from lmsuite.data import vocab as vocab_lib
 
 DEFAULT_LENGTHS = {
@@ -72,10 +75,22 @@ def show_task(
     task = seqio.get_mixture_or_task(name)
     features = task.output_features
     lengths = sequence_length or {k: DEFAULT_LENGTHS.get(k, 128) for k in features}
-    dataset = task.get_dataset(lengths, split=split, shuffle=False, seed=seed)
-    lines = [f"task {name} ({split}, sequence_length={lengths})"]
+    if mixtures.is_mixture(name):
+        # Every feature the tasks share, each example with the task it came from.
+        dataset = mixtures.mixed_examples(
+            name, sequence_length=lengths, split=split, shuffle=False, seed=seed, example_task=True
+        )
+        shares = ", ".join(f"{t} {r:.0%}" for t, r in mixtures.rates(name).items())
+        head = f"mixture {name} ({split}, sequence_length={lengths}; rates: {shares})"
+    else:
+        dataset = task.get_dataset(lengths, split=split, shuffle=False, seed=seed)
+        head = f"task {name} ({split}, sequence_length={lengths})"
+    names = mixtures.task_names(name)
+    lines = [head]
     for index, example in enumerate(dataset.take(n).as_numpy_iterator()):
         lines.append(f"--- example {index}")
+        if mixtures.TASK_INDEX in example:
+            lines.append(f"task: {names[int(example.pop(mixtures.TASK_INDEX))]}")
         for key in sorted(example):
             value = example[key]
             if key in features:

@@ -13,7 +13,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -21,6 +21,7 @@ import seqio
 import tensorflow as tf
 from jax.sharding import NamedSharding
 
+from lmsuite.data import mixtures
 from lmsuite.training import thread_priority
 
 
@@ -38,6 +39,7 @@ def process_dataset(
     input_threads: int | None = None,
     input_sharding: str = "source",
     rows_task: Callable[[str, int], str] | None = None,
+    task_ids_along: Sequence[str] | None = None,
 ) -> tf.data.Dataset:
     """This process's batches of `task`, after `skip_batches` global batches.
 
@@ -51,6 +53,9 @@ def process_dataset(
     t + 1 continues row i of batch t): (task, rows) -> the task laid out for a pipeline that
     batches `rows` examples (the process's rows with "source", the global batch with
     "replicated"). Its examples are read in order, never shuffled.
+
+    A mixture's examples come from `mixtures.get_dataset`: every feature its tasks share, and
+    with `task_ids_along` their per-token task ids (the feature converter must pass them).
 
     Example: 2 processes, global batch 8 -> each yields dicts of (4, ...) numpy-ready tensors;
     "source": process 0 reads SeqIO shard 0 of 2; "replicated": process 1 keeps rows 4-7.
@@ -68,10 +73,11 @@ def process_dataset(
     if rows_task is not None:
         task = rows_task(task, global_batch_size if replicated else local_batch)
         shuffle = False  # a shuffle would interleave unrelated rows and steps
-    dataset = seqio.get_dataset(
+    dataset = mixtures.get_dataset(
         task,
         task_feature_lengths=dict(sequence_length),
         feature_converter=feature_converter,
+        along=task_ids_along,
         dataset_split=split,
         shuffle=shuffle,
         num_epochs=None if repeat else 1,
@@ -80,7 +86,6 @@ def process_dataset(
             num_shards=1 if replicated else num_processes,
         ),
         seed=seed,
-        verbose=False,
     )
     if replicated:
         first = jax.process_index() * local_batch
@@ -119,6 +124,7 @@ def eval_dataset(
     batches: int = EVAL_BATCHES,
     input_sharding: str = "source",
     rows_task: Callable[[str, int], str] | None = None,
+    task_ids_along: Sequence[str] | None = None,
 ) -> tf.data.Dataset:
     """The held-out batches periodic evaluation reads: `split` in order, unshuffled, one pass,
     the first `batches` batches (fewer if the split is smaller)."""
@@ -132,6 +138,7 @@ def eval_dataset(
         repeat=False,
         input_sharding=input_sharding,
         rows_task=rows_task,
+        task_ids_along=task_ids_along,
     ).take(batches)
 
 

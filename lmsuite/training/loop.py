@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from etils import epath
 
 from lmsuite import partitioning
+from lmsuite.data import mixtures
 from lmsuite.models import Transformer, memory_shapes
 from lmsuite.training import checkpointing, input_pipeline, recipes, report, step
 from lmsuite.training.metrics import MetricsLog
@@ -65,7 +66,9 @@ def train(config: TrainConfig) -> RunResult:
     config.validate()
     data, trainer = config.data, config.trainer
     model_dir = write_records(config)
-    built = recipes.build(config.recipe, model_config=config.model)
+    built = recipes.build(
+        config.recipe, model_config=config.model, tasks=mixtures.task_names(data.task)
+    )
 
     # ----------------------------------------------------------------------------- mesh
     data_axis, fsdp, tensor = trainer.mesh_shape

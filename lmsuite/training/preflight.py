@@ -132,16 +132,18 @@ def check_run(
                     found.warnings.append(f"task {sub.name!r}: {how}")
             if recipe is not None:
                 features = None
-                if objective is None and sequence_length is not None:
+                foreign = objective is None or objective not in recipe.task_objectives
+                if foreign and sequence_length is not None:
                     features, problem = _task_features(sub, lengths)
                     if problem is not None:
                         problems.append(problem)
                         continue
-                problems.extend(
-                    recipe_task_problems(
-                        recipe, task_name=sub.name, task_objective=objective, task_features=features
-                    )
+                task_problems = recipe_task_problems(
+                    recipe, task_name=sub.name, task_objective=objective, task_features=features
                 )
+                problems.extend(task_problems)
+                if objective is not None and foreign and not task_problems:
+                    found.warnings.extend(_untrained_features(recipe, sub.name, objective))
     if recipe is not None:
         problems.extend(
             recipe_run_problems(recipe, sequence_length=sequence_length, model_config=model_config)
@@ -237,8 +239,12 @@ def recipe_task_problems(
     `task_features` the features of its examples (None if not known).
     """
     where = f"recipe {recipe.name!r}"
-    out = []
-    if task_objective is not None and task_objective not in recipe.task_objectives:
+    missing = [f for f in recipe.task_features if f not in (task_features or recipe.task_features)]
+    # A task of another objective trains where its examples carry the row's features (a
+    # mixture's prefix-LM task under span corruption's row); its name decides only when its
+    # features are not known.
+    foreign = task_objective is not None and task_objective not in recipe.task_objectives
+    if foreign and (task_features is None or missing):
         fitting = sorted(
             n for n, r in recipes.RECIPES.items() if task_objective in r.task_objectives
         )
@@ -248,18 +254,31 @@ def recipe_task_problems(
             hint = f"; no recipe trains it yet: it {recipes.DATA_ONLY[task_objective].reason}"
         else:
             hint = ""
-        out.append(
+        lacks = f"; its examples lack the row's task features {missing}" if missing else ""
+        return [
             f"{where} trains tasks of objective(s) {list(recipe.task_objectives)}, but task "
-            f"{task_name!r} is a {task_objective!r} task{hint}"
-        )
-    if task_features is not None:
-        missing = [f for f in recipe.task_features if f not in task_features]
-        if missing:
-            out.append(
-                f"{where} needs task features {missing}, which task {task_name!r} does not "
-                f"emit (its examples have {sorted(task_features)})"
-            )
-    return out
+            f"{task_name!r} is a {task_objective!r} task{hint}{lacks}"
+        ]
+    if missing:
+        return [
+            f"{where} needs task features {missing}, which task {task_name!r} does not "
+            f"emit (its examples have {sorted(task_features)})"
+        ]
+    return []
+
+
+def _untrained_features(recipe: recipes.Recipe, task_name: str, objective: str) -> list[str]:
+    """A warning when `recipe` trains a task of another objective whose own rows read features
+    this row ignores (an ALBERT SOP task under `bert_mlm` trains no sentence order)."""
+    own = [r for r in recipes.RECIPES.values() if objective in r.task_objectives]
+    unread = sorted({f for r in own for f in r.task_features} - set(recipe.task_features))
+    if not unread:
+        return []
+    return [
+        f"task {task_name!r} is a {objective!r} task; recipe {recipe.name!r} trains it through "
+        f"its features {list(recipe.task_features)} and ignores {unread}, which recipe(s) "
+        f"{sorted(r.name for r in own)} train"
+    ]
 
 
 def recipe_run_problems(

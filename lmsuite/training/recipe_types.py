@@ -40,6 +40,10 @@ class Recipe:
       rows_task: for tasks whose examples are interleaved rows of streams, (task, rows) -> the
         task laid out for batches of `rows` rows, read in order
         (`input_pipeline.process_dataset`); None for every row whose examples stand alone.
+      task_ids_along: the task features a mixture's per-token task ids run along (their
+        lengths summed), so that the loss reports its metrics per task
+        (`lmsuite.data.mixtures`, `lmsuite.objectives.per_task`); () where the converter
+        cannot carry them (a mixture then trains without per-task metrics).
       reference: the paper code this row follows; `differences` what lmsuite does otherwise.
     """
 
@@ -60,6 +64,7 @@ class Recipe:
     check_lengths: Callable[[Mapping[str, int]], list[str]] | None = None
     check_model: Callable[[ModelConfig, Mapping[str, int] | None], list[str]] | None = None
     rows_task: Callable[[str, int], str] | None = None
+    task_ids_along: tuple[str, ...] = ()
     reference: str = ""
     differences: str = ""
 

@@ -20,7 +20,7 @@ is data-only without the table saying so.
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import seqio
@@ -33,7 +33,7 @@ from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig
 from lmsuite.models import electra as electra_model
-from lmsuite.objectives import Objective, seq2seq
+from lmsuite.objectives import Objective, per_task, seq2seq
 from lmsuite.objectives import electra as electra_loss
 from lmsuite.objectives import structbert as structbert_loss
 from lmsuite.objectives import unilm as unilm_loss
@@ -76,6 +76,7 @@ def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> R
         pack=True,
         loss=seq2seq.seq2seq,
         architectures=("encoder_decoder",),
+        task_ids_along=("targets",),
     )
     return Recipe(
         name=name,
@@ -103,6 +104,7 @@ def _mlm_row(name, summary, *, task_objectives, label=None, model="bert_tiny", *
         architectures=("encoder",),
         token_types="optional" if label is None else "pairs",
         example_model=model,
+        task_ids_along=("masked_ids",),
         **kwargs,
     )
 
@@ -148,6 +150,7 @@ RECIPES: dict[str, Recipe] = {
             loss=losses.causal_lm,
             architectures=("decoder",),
             example_model="gpt2_tiny",
+            task_ids_along=("targets",),
             reference="t5 preprocessors (causal LM); seqio LMFeatureConverter",
         ),
         Recipe(
@@ -159,6 +162,9 @@ RECIPES: dict[str, Recipe] = {
             task_features=("inputs", "targets"),
             converter=seqio.PrefixLMFeatureConverter,
             pack=True,
+            # No per-task metrics: SeqIO's converter adds a padding target to an example with
+            # no targets, which would shift task ids against the tokens of the packed row.
+            task_ids_along=(),
             loss=losses.prefix_lm,
             architectures=("prefix_lm",),
             example_model="gpt2_tiny",
@@ -206,6 +212,7 @@ RECIPES: dict[str, Recipe] = {
             lengths_for=lambda n: {"inputs": n, "targets": mass.fragment_length(n, 0.5)},
             task_features=("inputs", "targets", "decoder_input_tokens", "decoder_positions"),
             converter=lambda pack: fc.MassFeatureConverter(pack=pack),
+            task_ids_along=(),  # its converter builds the decoder side itself: no passthrough
             loss_options={
                 "z_loss": 0.0,
                 "cross_attention_ignores": vocab_lib.MASK_ID,
@@ -244,6 +251,7 @@ RECIPES: dict[str, Recipe] = {
             lengths_for=_mlm_lengths,
             task_features=ENCODER_MLM_FEATURES + spanbert.SBO_KEYS,
             converter=_encoder_mlm(span_features=spanbert.SBO_KEYS),
+            task_ids_along=("masked_ids",),
             pack=False,
             loss=losses.span_boundary,
             # The reference masks blocks before adding [CLS]/[SEP]: never an SBO boundary.
@@ -271,6 +279,7 @@ RECIPES: dict[str, Recipe] = {
             architectures=("encoder",),
             token_types="optional",
             example_model="electra_tiny",
+            task_ids_along=("masked_ids",),
             check_model=electra_model.recipe_problems,
             reference="google-research/electra run_pretraining.py (PretrainingModel, "
             "get_generator_config), pretrain/pretrain_helpers.py (mask, sample_from_softmax), "
@@ -291,6 +300,7 @@ RECIPES: dict[str, Recipe] = {
             architectures=("encoder",),
             token_types="pairs",
             example_model="unilm_tiny",
+            task_ids_along=("masked_ids",),
             check_model=structure_checks.unilm_model_problems,
             reference="microsoft/unilm unilm-v1/src: biunilm/seq2seq_loader.py (the per-example "
             "input_mask, --new_segment_ids), pytorch_pretrained_bert/modeling.py",
@@ -317,6 +327,7 @@ RECIPES: dict[str, Recipe] = {
             architectures=("encoder",),
             token_types="pairs",
             example_model="structbert_tiny",
+            task_ids_along=("masked_ids",),
             check_lengths=structure_checks.structbert_lengths_fit,
             check_model=structure_checks.structbert_model_problems,
             reference="Wang et al. 2020 (arXiv 1908.04577) §2.2-2.3 (no pretraining code read)",
@@ -342,12 +353,17 @@ class RecipeChoice:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """A recipe made concrete for one model: the converter and the loss the run uses."""
+    """A recipe made concrete for one model and one task or mixture: the converter and the
+    loss the run uses. For a mixture, `tasks` are its task names (task ids 1, 2, ...) and
+    `task_ids_along` the features its task ids run along (None: a task, or a row that cannot
+    carry them); its loss then reports per-task metrics (`lmsuite.objectives.per_task`)."""
 
     recipe: Recipe
     feature_converter: seqio.FeatureConverter
     objective: Objective
     pack: bool
+    tasks: tuple[str, ...] = ()
+    task_ids_along: tuple[str, ...] | None = None
 
 
 def get(name: str) -> Recipe:
@@ -394,16 +410,27 @@ def make_recipe(
     return RecipeChoice(recipe=recipe, pack=pack, loss_options={**recipe.loss_options, **options})
 
 
-def build(choice: RecipeChoice, *, model_config: ModelConfig) -> Built:
+def build(choice: RecipeChoice, *, model_config: ModelConfig, tasks: Sequence[str] = ()) -> Built:
     """The converter and loss of `choice` for `model_config` (token types only where the model
-    has a type table)."""
+    has a type table); with the `tasks` of a mixture (`mixtures.task_names`), per-task metrics
+    where the row can carry task ids."""
     recipe = choice.recipe
     options = dict(choice.loss_options)
     if recipe.token_types == "optional" and model_config.type_vocab_size < 2:
         options["token_type_ids"] = None  # the model has no second segment type to read
+    objective = recipe.loss(**options)
+    if not (tasks and recipe.task_ids_along):
+        return Built(
+            recipe=recipe,
+            feature_converter=recipe.converter(pack=choice.pack),
+            objective=objective,
+            pack=choice.pack,
+        )
     return Built(
         recipe=recipe,
-        feature_converter=recipe.converter(pack=choice.pack),
-        objective=recipe.loss(**options),
+        feature_converter=fc.with_task_ids(recipe.converter(pack=choice.pack)),
+        objective=per_task.per_task(objective, tasks),
         pack=choice.pack,
+        tasks=tuple(tasks),
+        task_ids_along=recipe.task_ids_along,
     )

@@ -204,6 +204,7 @@ class DataConfig(_Group):
             global_batch_size=self.batch_size,
             input_sharding=self.input_sharding,
             rows_task=recipe.recipe.rows_task,
+            task_ids_along=recipe.task_ids_along,
         )
 
 

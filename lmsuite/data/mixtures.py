@@ -1,0 +1,168 @@
+"""SeqIO mixtures whose examples remember their task.
+
+`seqio.Mixture.get_dataset` samples its tasks at their rates but keeps only the mixture's
+output features (an MLM task's `masked_*` features are dropped) and forgets which task each
+example came from. `mixed_examples` samples the same way (each task's `get_dataset`, then
+`tf.data.Dataset.sample_from_datasets` with `Mixture.get_rate` and SeqIO's sampling seed) and
+keeps every feature its tasks share, plus:
+
+  task_ids     int32 [n]: the task's 1-based index (`task_names` order) on each token of the
+               features named in `along` (their lengths summed), so that packing keeps it
+               aligned with them: a per-token tag the loss reads to split its metrics by task;
+  task_index   int32 []: the 0-based index, with `example_task=True` (`lmsuite tasks show`).
+
+Example (`wiki_sample_seq2seq_mixture`, along=("targets",), rates 1:1:1): an example of its
+second task (`wiki_sample_prefix_lm`) with targets [31, 9, 1] gets task_ids [2, 2, 2].
+
+`get_dataset` is `seqio.get_dataset` for a task, and for a mixture these examples through the
+feature converter, which carries `task_ids` as a passthrough feature of length
+sum(sequence_length[f] for f in along).
+"""
+
+from collections.abc import Mapping, Sequence
+
+import seqio
+import tensorflow as tf
+
+TASK_IDS = "task_ids"
+TASK_INDEX = "task_index"
+TASK_IDS_SPEC = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)
+
+
+def is_mixture(name: str) -> bool:
+    return name in seqio.MixtureRegistry.names()
+
+
+def task_names(name: str) -> tuple[str, ...]:
+    """The tasks of mixture `name` in SeqIO's order (sorted by name); () for a task."""
+    if not is_mixture(name):
+        return ()
+    return tuple(t.name for t in seqio.get_mixture_or_task(name).tasks)
+
+
+def rates(name: str) -> dict[str, float]:
+    """Each task's share of the examples of mixture `name` (its rate over the total)."""
+    mixture = seqio.get_mixture_or_task(name)
+    raw = {t.name: float(mixture.get_rate(t)) for t in mixture.tasks}
+    total = sum(raw.values())
+    if total <= 0:
+        raise ValueError(f"mixture {name!r} has no positive rate: {raw}")
+    return {task: rate / total for task, rate in raw.items()}
+
+
+def task_ids_length(sequence_length: Mapping[str, int], along: Sequence[str]) -> int:
+    """The length of `task_ids`: the summed lengths of the features it runs along."""
+    missing = [f for f in along if f not in sequence_length]
+    if missing:
+        raise ValueError(
+            f"task ids run along {list(along)}, but sequence_length {dict(sequence_length)} "
+            f"has no length for {missing}"
+        )
+    return sum(int(sequence_length[f]) for f in along)
+
+
+def _tagger(index: int, along: Sequence[str], example_task: bool):
+    def tag(ex):
+        ex = dict(ex)
+        if along:
+            n = tf.add_n([tf.size(ex[f]) for f in along])
+            ex[TASK_IDS] = tf.fill([n], tf.constant(index + 1, tf.int32))
+        if example_task:
+            ex[TASK_INDEX] = tf.constant(index, tf.int32)
+        return ex
+
+    return tag
+
+
+def mixed_examples(
+    name: str,
+    *,
+    sequence_length: Mapping[str, int],
+    split: str = "train",
+    shuffle: bool = True,
+    seed: int | None = None,
+    num_epochs: int | None = None,
+    shard_info: seqio.ShardInfo | None = None,
+    along: Sequence[str] = (),
+    example_task: bool = False,
+) -> tf.data.Dataset:
+    """The examples of mixture `name` sampled at its rates, tagged (see the module docstring).
+
+    Raises:
+      ValueError: `name` is not a mixture, no task has `split`, a feature of `along` is missing
+        from a task's examples, or the tasks share none of the features `along` names.
+    """
+    if not is_mixture(name):
+        raise ValueError(f"{name!r} is not a registered seqio mixture")
+    mixture = seqio.get_mixture_or_task(name)
+    tasks = [t for t in mixture.tasks if split in t.splits]
+    if not tasks:
+        raise ValueError(f"no task of mixture {name!r} has a {split!r} split")
+    index = {t.name: i for i, t in enumerate(mixture.tasks)}
+    datasets = []
+    for task in tasks:
+        ds = task.get_dataset(
+            dict(sequence_length),
+            split=split,
+            shuffle=shuffle,
+            seed=seed,
+            shard_info=shard_info,
+            num_epochs=num_epochs,
+        )
+        missing = [f for f in along if f not in ds.element_spec]
+        if missing:
+            raise ValueError(
+                f"task {task.name!r} of mixture {name!r} has no feature {missing} to carry task "
+                f"ids along; its examples have {sorted(ds.element_spec)}"
+            )
+        datasets.append(ds.map(_tagger(index[task.name], along, example_task)))
+    shared = set.intersection(*(set(ds.element_spec) for ds in datasets))
+    datasets = [ds.map(lambda ex, keep=shared: {k: ex[k] for k in keep}) for ds in datasets]
+    # SeqIO's choice: the given seed, else unseeded when shuffling, else 42.
+    sample_seed = seed if seed is not None else (None if shuffle else 42)
+    weights = [float(mixture.get_rate(t)) for t in tasks]
+    return tf.data.Dataset.sample_from_datasets(
+        datasets, weights=weights, seed=sample_seed, stop_on_empty_dataset=True
+    )
+
+
+def get_dataset(
+    name: str,
+    *,
+    task_feature_lengths: Mapping[str, int],
+    feature_converter: seqio.FeatureConverter,
+    along: Sequence[str] | None,
+    dataset_split: str = "train",
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    shard_info: seqio.ShardInfo | None = None,
+    seed: int | None = None,
+) -> tf.data.Dataset:
+    """`seqio.get_dataset` for a task; for a mixture its `mixed_examples` (tagged along `along`;
+    None: untagged) through `feature_converter`, which must then pass `task_ids` through."""
+    if not is_mixture(name):
+        return seqio.get_dataset(
+            name,
+            task_feature_lengths=dict(task_feature_lengths),
+            feature_converter=feature_converter,
+            dataset_split=dataset_split,
+            shuffle=shuffle,
+            num_epochs=num_epochs,
+            shard_info=shard_info,
+            seed=seed,
+            verbose=False,
+        )
+    ds = mixed_examples(
+        name,
+        sequence_length=task_feature_lengths,
+        split=dataset_split,
+        shuffle=shuffle,
+        seed=seed,
+        num_epochs=num_epochs,
+        shard_info=shard_info,
+        along=along or (),
+    )
+    lengths = dict(task_feature_lengths)
+    if along:
+        lengths[TASK_IDS] = task_ids_length(task_feature_lengths, along)
+    return feature_converter(ds, task_feature_lengths=lengths)
