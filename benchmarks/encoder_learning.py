@@ -28,6 +28,7 @@ EXPERIMENTS = (
     "structbert_tiny",
     "electra_tiny",
     "unilm_tiny",
+    "tupe_tiny",
 )
 _MLM = re.compile(r"held-out MLM cross-entropy: ([\d.]+) nats \(unigram .*: ([\d.]+)\)")
 _ACC = re.compile(r"held-out MLM accuracy: ([\d.]+) \(always .*: ([\d.]+)\)")

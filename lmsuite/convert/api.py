@@ -209,6 +209,9 @@ def to_hf(
     """
     from safetensors.numpy import save_file
 
+    from lmsuite.convert import registry
+
+    registry.refuse_without_hf_class(config)  # also when hf_class names a class that would load
     transformers = _import_transformers("HF export (to_hf)")  # the HF config classes
     families = _families()
     hf_class = hf_class or infer_hf_class(config)

@@ -27,8 +27,20 @@ def families_by_class() -> dict[str, Family]:
     return {cls: fam for fam in families() for cls in fam.hf_classes}
 
 
+def refuse_without_hf_class(config: ModelConfig):
+    """Raises for a config that no HF model class can hold, whatever hf_class is asked for."""
+    if config.position_type == "tupe":
+        raise ValueError(
+            "position_type='tupe': HuggingFace transformers has no TUPE model class (TUPE's "
+            "untied positional attention and [CLS] have no counterpart in BertModel or any "
+            "other class), so a TUPE model cannot be exported to HF. Use it through lmsuite "
+            "(`lmsuite eval`, `lmsuite finetune`, lmsuite.evaluation) from its checkpoint."
+        )
+
+
 def infer_hf_class(config: ModelConfig) -> str:
     """Guesses the HF class from config features; raises when the config has no HF twin."""
+    refuse_without_hf_class(config)
     heads = set(config.heads)
     family = model_families.family(config)
     if family is model_families.XLNET:

@@ -55,8 +55,10 @@ def init_kv_cache(batch: int, length: int, num_heads: int, head_dim: int, dtype)
 class MultiHeadAttention(nn.Module):
     """Queries from x_BLD attend to keys/values from kv_BMD.
 
-    Submodules `query`, `key`, `value` (D -> H, K) and `out` (H, K -> D). With `scale_logits`
-    False the 1/sqrt(K) factor is left to the initialisation, as in T5.
+    Submodules `query`, `key`, `value` (D -> H, K) and `out` (H, K -> D). Logits are divided by
+    sqrt(scale_factor * K): TUPE (`untied_positions.py`) sets scale_factor 2, its content and
+    positional terms each taking half the variance. With `scale_logits` False the factor is
+    left to the initialisation, as in T5.
 
     With a `cache` (a dict of `key` and `value`, each (B, M, H, K)) the call returns
     (output, new cache), in one of two ways:
@@ -73,6 +75,7 @@ class MultiHeadAttention(nn.Module):
     use_bias: bool = True
     use_key_bias: bool = True
     scale_logits: bool = True
+    scale_factor: float = 1.0
     dropout_rate: float = 0.0
     init_stddev: float = 0.02
     dtype: jnp.dtype = jnp.float32
@@ -120,7 +123,7 @@ class MultiHeadAttention(nn.Module):
                 for name, new in (("key", k_BMHK), ("value", v_BMHK))
             )
         if self.scale_logits:
-            q_BLHK = q_BLHK / jnp.sqrt(self.head_dim).astype(self.dtype)
+            q_BLHK = q_BLHK / jnp.sqrt(self.scale_factor * self.head_dim).astype(self.dtype)
         logits_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
         if bias_BHLM is not None:
             logits_BHLM = add_attention_bias(logits_BHLM, bias_BHLM)

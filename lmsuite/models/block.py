@@ -21,6 +21,8 @@ def make_attention(config: ModelConfig, *, name: str, cross: bool = False) -> nn
         use_bias=config.use_bias,
         use_key_bias=config.use_key_bias,
         scale_logits=config.scale_attention,
+        # TUPE divides by sqrt(2K): content and positional terms weigh alike (attn_scale_factor).
+        scale_factor=2.0 if config.position_type == "tupe" and not cross else 1.0,
         dropout_rate=config.attention_dropout_rate,
         init_stddev=config.init_stddev,
         dtype=config.compute_dtype,

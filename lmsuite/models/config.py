@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from lmsuite.layers.mlp import ACTIVATIONS
 from lmsuite.layers.norm import NORM_TYPES
 
-POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "none")
+POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "tupe", "none")
 SHARING = ("none", "all", "attention", "ffn")
 HEADS = ("mlm", "lm", "classifier", "rtd", "sbo")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -147,6 +147,42 @@ class DebertaOptions:
         return dataclasses.replace(self, **changes)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TupeOptions:
+    """TUPE's untied positions (Ke, He, Liu 2021, ICLR), the options of position_type="tupe".
+
+    relative_bias          TUPE-R: add T5's bucketed relative bias, one (R + 1, H) table shared
+                           by all layers (the reference's --rel-pos); False: TUPE-A.
+    relative_buckets       R, the buckets of distances (even; the reference's rel_pos_bins, 32);
+                           one more row holds the others->[CLS] bias.
+    relative_max_distance  distances beyond it share the last bucket (max_rel_pos, 128).
+    """
+
+    relative_bias: bool = True
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+
+    def __post_init__(self):
+        if not isinstance(self.relative_bias, bool):
+            raise ValueError(
+                f"TupeOptions.relative_bias must be a bool, got {self.relative_bias!r}"
+            )
+        n = self.relative_buckets
+        # Bidirectional buckets give each direction n // 2, of which n // 4 hold exact distances:
+        # n >= 4 keeps one exact bucket and a free id n // 2 for the [CLS]->others bias.
+        if not isinstance(n, int) or isinstance(n, bool) or n < 4 or n % 2:
+            raise ValueError(f"TupeOptions.relative_buckets must be an even int >= 4, got {n!r}")
+        d = self.relative_max_distance
+        if not isinstance(d, int) or isinstance(d, bool) or d <= n // 4:
+            raise ValueError(
+                f"TupeOptions.relative_max_distance must be an int > relative_buckets // 4 = "
+                f"{n // 4} (the exact distances), got {d!r}"
+            )
+
+    def replace(self, **changes) -> "TupeOptions":
+        return dataclasses.replace(self, **changes)
+
+
 # ModelConfig fields before the DeBERTa options were nested (run.json files written then):
 # "deberta_<name>" is DebertaOptions.<name>.
 _FLAT_DEBERTA_PREFIX = "deberta_"
@@ -166,7 +202,7 @@ class ModelConfig:
       positions        position_type; position_offset (RoBERTa/BART reserve the first 2 rows);
                        relative_buckets / relative_max_distance (T5); deberta (DebertaOptions,
                        set exactly when position_type="deberta"; left None, it takes the
-                       defaults).
+                       defaults); tupe (TupeOptions, likewise for position_type="tupe").
       block            activation (gelu, gelu_tanh, relu, silu, geglu, geglu_tanh, swiglu),
                        norm_type, norm_eps, norm_position ("post" as BERT, "pre" as GPT-2/T5),
                        use_bias, scale_attention (False: T5 folds 1/sqrt(K) into the init).
@@ -207,6 +243,7 @@ class ModelConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     deberta: DebertaOptions | None = None  # DeBERTa's disentangled attention
+    tupe: TupeOptions | None = None  # TUPE's untied positional attention
 
     activation: str = "gelu"
     head_activation: str | None = None  # MLM/RTD transform activation; default: activation
@@ -250,6 +287,8 @@ class ModelConfig:
     def __post_init__(self):
         if self.position_type == "deberta" and self.deberta is None:
             object.__setattr__(self, "deberta", DebertaOptions())
+        if self.position_type == "tupe" and self.tupe is None:
+            object.__setattr__(self, "tupe", TupeOptions())
         self._validate()
 
     # ----------------------------------------------------------------------------- derived
@@ -307,6 +346,8 @@ class ModelConfig:
             fields["electra"] = ElectraOptions(**fields["electra"])
         if isinstance(fields.get("deberta"), dict):
             fields["deberta"] = DebertaOptions(**fields["deberta"])
+        if isinstance(fields.get("tupe"), dict):
+            fields["tupe"] = TupeOptions(**fields["tupe"])
         return cls(**fields)
 
     @property
@@ -361,6 +402,10 @@ class ModelConfig:
         if self.deberta is not None and self.position_type != "deberta":
             raise ValueError(
                 f"ModelConfig.deberta is for position_type='deberta', not {self.position_type!r}"
+            )
+        if self.tupe is not None and self.position_type != "tupe":
+            raise ValueError(
+                f"ModelConfig.tupe is for position_type='tupe', not {self.position_type!r}"
             )
         self._validate_emd()
         for name in ("dropout_rate", "attention_dropout_rate"):

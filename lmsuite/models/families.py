@@ -6,7 +6,8 @@ that needs to know how a model is fed, scored or decoded asks the family's row
 module and one row here.
 
     family           module                 examples
-    encoder          EncoderModel           BERT, RoBERTa, ALBERT, DeBERTa, SpanBERT, UniLM
+    encoder          EncoderModel           BERT, RoBERTa, ALBERT, DeBERTa, SpanBERT, UniLM,
+                                            TUPE
     electra          ElectraPretrainer      ELECTRA's generator + discriminator (an encoder
                                             config with ModelConfig.electra)
     decoder          DecoderModel           GPT-2
@@ -206,6 +207,14 @@ def check(config: ModelConfig):
         )
     if config.position_type == "deberta" and not fam.bidirectional:
         raise ValueError("position_type='deberta' is implemented for encoders only")
+    if config.position_type == "tupe" and config.architecture != "encoder":
+        # TUPE unties the [CLS] of a bidirectional encoder from the positions; the reference
+        # (guolinke/TUPE) has no decoder, and XLNet reads no position_type at all.
+        raise ValueError(
+            f"position_type='tupe' is implemented for architecture='encoder' only, got "
+            f"architecture={config.architecture!r}: other architectures take position_type "
+            "'learned', 'sinusoidal', 't5_relative' or 'none'"
+        )
     fam.check(config)
 
 

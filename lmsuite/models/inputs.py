@@ -35,7 +35,7 @@ def check_same_shape(name: str, x, ref_name: str, ref):
 
 
 def check_length(config: ModelConfig, name: str, length: int):
-    if config.position_type in ("learned", "sinusoidal") and length > config.max_positions:
+    if config.position_type in ("learned", "sinusoidal", "tupe") and length > config.max_positions:
         raise ValueError(
             f"{name} has length {length}, longer than the position table "
             f"(max_length={config.max_length} - position_offset={config.position_offset} "

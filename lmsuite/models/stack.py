@@ -8,6 +8,7 @@ from lmsuite.layers import masks
 from lmsuite.layers.attention import init_kv_cache
 from lmsuite.layers.norm import make_norm
 from lmsuite.layers.positions import RelativePositionBias
+from lmsuite.layers.untied_positions import UntiedPositionBias
 from lmsuite.models.block import Block, make_attention, make_mlp
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.enhanced_mask_decoder import EnhancedMaskDecoder
@@ -19,7 +20,8 @@ class Stack(nn.Module):
     Layers are `layers_0` .. `layers_{n-1}`; with share_layers="all" a single `layers_shared`
     block runs n times (ALBERT); "attention"/"ffn" share `shared_attention` / `shared_mlp`
     between otherwise separate layers. T5 relative positions add `relative_bias`, computed once
-    and used by every layer; DeBERTa adds `relative_embeddings`.
+    and used by every layer; TUPE's positional term (`untied_positions`) likewise; DeBERTa adds
+    `relative_embeddings`.
 
     With config.emd_layers the call returns (x_BLD, mlm_BLD): the MLM head's input from
     `enhanced_mask_decoder` (the second-to-last layer's output through the last block again).
@@ -67,6 +69,20 @@ class Stack(nn.Module):
                 bias_BHLM = relative_bias(length, length)
             else:
                 bias_BHLM = _cached_relative_bias(relative_bias, cache, length, cache_index)
+        elif cfg.position_type == "tupe":
+            bias_BHLM = UntiedPositionBias(
+                num_heads=cfg.num_heads,
+                head_dim=cfg.head_width,
+                features=cfg.d_model,
+                max_length=cfg.max_length,
+                num_buckets=cfg.tupe.relative_buckets if cfg.tupe.relative_bias else 0,
+                max_distance=cfg.tupe.relative_max_distance,
+                norm_type=cfg.norm_type,
+                norm_eps=cfg.norm_eps,
+                init_stddev=cfg.init_stddev,
+                dtype=cfg.compute_dtype,
+                name="untied_positions",
+            )(length, position_ids_BL=position_ids_BL)
         elif cfg.position_type == "deberta":
             from lmsuite.layers.disentangled import RelativeEmbeddings
 

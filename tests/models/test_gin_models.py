@@ -71,11 +71,21 @@ def test_every_size_file_is_checked():
 
     gin_dir = pathlib.Path(cli.GIN_DIR) / "models"
     families = {"bert", "roberta", "albert", "electra", "gpt2", "t5", "t5_1_1", "bart"}
-    families |= {"deberta", "deberta_v3", "xlnet"}
+    families |= {"deberta", "deberta_v3", "xlnet", "tupe"}
     sizes = {p.stem for p in gin_dir.glob("*.gin")} - families
     # Pretraining-only models have no HF class to count against; each builds in its recipe's
     # matrix test (tests/training/test_recipes.py) instead.
-    no_hf_twin = {"electra_tiny", "unilm_tiny", "structbert_tiny"}
+    no_hf_twin = {"electra_tiny", "unilm_tiny", "structbert_tiny", "tupe_tiny", "tupe_base"}
     assert sizes == set(SIZES) | no_hf_twin
     for name in no_hf_twin:
         assert summarize(model_config_from_gin([f"models/{name}.gin"]))["total"] > 0
+
+
+def test_tupe_base_is_bert_base_with_positions_untied():
+    """HF has no TUPE class: the count is BERT's with its input position table (512 x D) traded
+    for TUPE's (513 x D, a LayerNorm, U^Q and U^K with biases, TUPE-R's 33 x H relative bias)."""
+    tupe = model_config_from_gin(["models/tupe_base.gin"])
+    learned = tupe.replace(position_type="learned", tupe=None)
+    d, h = 768, 12
+    untied = 513 * d + 2 * d + 2 * (d * d + d) + 33 * h
+    assert summarize(tupe)["total"] == summarize(learned)["total"] - 512 * d + untied

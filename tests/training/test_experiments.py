@@ -33,6 +33,7 @@ PRODUCTION = {
     "unilm_base": "wikipedia/20230601.en:1.0.0",
     "xlnet_base": "wikipedia/20230601.en:1.0.0",
     "xlnet_large": "wikipedia/20230601.en:1.0.0",
+    "tupe_base": "wikipedia/20230601.en:1.0.0",
 }
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny"]
 TINY_OTHERS = ["xlnet_tiny"]
@@ -47,6 +48,7 @@ TINY_ENCODERS = [
     "electra_tiny",
     "structbert_tiny",
     "unilm_tiny",
+    "tupe_tiny",
 ]
 # Twins whose auxiliary label may stay at chance (an expected failure, with the reason); none now:
 # albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
@@ -103,6 +105,7 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("unilm_base", {"input_ids": 512, "masked_ids": 79}, 320, 770_000),
         ("xlnet_base", {"input_k": 512, "target": 85}, 256, 1_000_000),
         ("xlnet_large", {"input_k": 512, "target": 85}, 8192, 500_000),
+        ("tupe_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),
     ],
 )
 def test_production_settings_are_the_papers(name, lengths, batch, steps, tmp_path, monkeypatch):
