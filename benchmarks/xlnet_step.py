@@ -34,7 +34,6 @@ compete for the cores. Tokens are batch x seq per step.
 import argparse
 import dataclasses
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -193,10 +192,9 @@ def build_hf_step(config: XLNetStepConfig, hf_model, batch_np):
     import torch
 
     hf_model.train()
-    no_decay = re.compile(optimizers.NO_DECAY_PATTERN, flags=re.IGNORECASE)
     groups = {True: [], False: []}
     for name, p in hf_model.named_parameters():  # the tied LM weight is listed once
-        groups[no_decay.search(name.replace(".", "/")) is None].append(p)
+        groups[optimizers.takes_decay(name.replace(".", "/"))].append(p)
     optimizer = torch.optim.AdamW(
         [
             {"params": groups[True], "weight_decay": config.weight_decay},

@@ -531,3 +531,44 @@ class PermutationLmFeatureConverter(seqio.FeatureConverter):
             "stream_row": 1,  # rank 0: SeqIO skips their length check
             "stream_step": 1,
         }
+
+
+class StreamLmFeatureConverter(seqio.FeatureConverter):
+    """Checks and casts Transformer-XL stream-LM examples (see `preprocessors/stream_lm.py`);
+    adds `target_weights` (ones: stream rows have no padding). `stream_row` and `stream_step`
+    pass through, as `PermutationLmFeatureConverter`'s.
+    """
+
+    TASK_FEATURES = {"inputs": _Spec(dtype=tf.int32), "targets": _Spec(dtype=tf.int32)}
+    MODEL_FEATURES = {
+        "inputs": _Spec(dtype=tf.int32),
+        "targets": _Spec(dtype=tf.int32),
+        "target_weights": _Spec(dtype=tf.float32),
+        "stream_row": _Spec(dtype=tf.int32, rank=0),
+        "stream_step": _Spec(dtype=tf.int32, rank=0),
+    }
+    PACKING_FEATURE_DTYPES = None
+
+    def __init__(self, *, pack: bool = False, **kwargs):
+        _no_packing(type(self).__name__, pack)
+        super().__init__(pack=False, **kwargs)
+
+    def _convert_features(self, ds, task_feature_lengths):
+        del task_feature_lengths  # stream examples have exact lengths; the checks enforce them
+
+        def convert(ex):
+            out = {k: tf.cast(ex[k], self.MODEL_FEATURES[k].dtype) for k in ex if k != "id"}
+            out = {k: out[k] for k in ("inputs", "targets", "stream_row", "stream_step")}
+            return {**out, "target_weights": tf.ones_like(out["targets"], tf.float32)}
+
+        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def get_model_feature_lengths(self, task_feature_lengths):
+        length = task_feature_lengths["targets"]
+        return {
+            "inputs": length,
+            "targets": length,
+            "target_weights": length,
+            "stream_row": 1,  # rank 0: SeqIO skips their length check
+            "stream_step": 1,
+        }

@@ -23,6 +23,7 @@ from lmsuite.data.preprocessors import (
     sentence_pairs,
     span_corruption,
     spanbert,
+    stream_lm,
     structbert,
     unilm,
     whole_word,
@@ -30,6 +31,8 @@ from lmsuite.data.preprocessors import (
 )
 
 ENCODER, SEQ2SEQ, DECODER, PERMUTATION = "encoder", "seq2seq", "decoder", "permutation"
+STREAM = "stream"  # rows of contiguous text, one segment per step (Transformer-XL)
+KINDS = (ENCODER, SEQ2SEQ, DECODER, PERMUTATION, STREAM)
 PAIR_SEED = 0
 # ALBERT's run_pretraining.py / create_pretraining_data.py flag `max_predictions_per_seq`: a
 # constant 20 (its pretraining runs use max_seq_length 512), not scaled with the length.
@@ -42,7 +45,7 @@ class TaskObjective:
     """How to turn a corpus into one objective's examples."""
 
     name: str
-    kind: str  # ENCODER, SEQ2SEQ, DECODER or PERMUTATION: which features the task outputs.
+    kind: str  # one of KINDS: which features the task outputs.
     steps: Callable[[vocab_lib.CorpusVocabulary], list]  # preprocessors after the source
     needs_sentinels: bool = False
     # False where the preprocessor places every EOS itself (MASS frames each source with two):
@@ -214,6 +217,11 @@ def _xlnet(dataset, sequence_length, *, vocab, stream=None):
     )
 
 
+def _stream_lm(dataset, sequence_length, *, vocab, stream=None):
+    eod = vocab_lib.special_ids(vocab).eos  # </s> ends each document; stream_task binds `stream`
+    return stream_lm.stream_lm(dataset, sequence_length=sequence_length, eod_id=eod, stream=stream)
+
+
 def _docs(vocab):
     return [functools.partial(tokenization.tokenize_documents, vocab=vocab)]
 
@@ -324,6 +332,13 @@ OBJECTIVES: dict[str, TaskObjective] = {
             PERMUTATION,
             lambda vocab: [*_sents(vocab), functools.partial(_xlnet, vocab=vocab)],
         ),
+        # Transformer-XL's LM: contiguous segments of B rows, memory carried across steps.
+        TaskObjective(
+            "txl_lm",
+            STREAM,
+            lambda vocab: [*_docs(vocab), functools.partial(_stream_lm, vocab=vocab)],
+            seqio_appends_eos=False,
+        ),
     ]
 }
 
@@ -344,6 +359,9 @@ def output_features(
         return {"targets": seqio.Feature(vocabulary=vocab, add_eos=add_eos)}
     if kind == PERMUTATION:
         return {"input_k": seqio.Feature(vocabulary=vocab, add_eos=False)}
-    raise ValueError(
-        f"objective kind must be one of {ENCODER, SEQ2SEQ, DECODER, PERMUTATION}, got {kind!r}"
-    )
+    if kind == STREAM:
+        return {
+            "inputs": seqio.Feature(vocabulary=vocab, add_eos=False),
+            "targets": seqio.Feature(vocabulary=vocab, add_eos=False),
+        }
+    raise ValueError(f"objective kind must be one of {KINDS}, got {kind!r}")

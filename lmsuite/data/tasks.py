@@ -17,6 +17,7 @@ Sequence lengths come from SeqIO at `get_dataset` time:
   seq2seq objectives:  {"inputs": L, "targets": M} (span corruption, iid, prefix LM, BART, MASS)
   decoder objectives:  {"targets": L}              (causal LM)
   permutation LM:      {"input_k": L}              (XLNet, one stream; B rows: xlnet.stream_task)
+  stream LM:           {"inputs": L, "targets": L} (Transformer-XL; B rows: xlnet.stream_task)
 Special ids are read from the vocabulary only when a dataset is built. An objective that needs
 sentinels fails when its task is built, naming the missing `<extra_id_k>`, if the vocabulary
 has fewer than 100 extra ids.
@@ -42,6 +43,7 @@ from lmsuite.data.task_objectives import (  # noqa: F401  (tasks.X: the public s
     OBJECTIVES,
     PERMUTATION,
     SEQ2SEQ,
+    STREAM,
     TaskObjective,
     chunking,
     chunks,

@@ -17,7 +17,8 @@ XLNET_ATTENTION_TYPES = ("bi", "uni")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class XLNetOptions:
-    """The options of architecture="xlnet" (Yang et al. 2019) that sizes alone do not decide.
+    """The options of architecture="xlnet" (Yang et al. 2019) and of "transformer_xl" (Dai et al.
+    2019: attn_type="uni", reuse_len=None) that sizes alone do not decide.
 
     mem_len       states each layer keeps as memory for the next segment: the last mem_len of
                   concat(old memory, layer input). None keeps them all (what HF does for
@@ -217,7 +218,8 @@ class ModelConfig:
                        (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA),
                        sbo (SpanBERT's span boundary head, `span_boundary.py`: sbo_max_span
                        offset rows of width sbo_position_dim).
-      xlnet            XLNetOptions, set exactly when architecture="xlnet". XLNet reads the
+      xlnet            XLNetOptions, set exactly when architecture="xlnet" or "transformer_xl"
+                       (which also reads scale_embeddings). XLNet reads the
                        sizes, activation, norm_eps, dropout, init_stddev, tie_embeddings,
                        output_bias and dtype; its positions are relative sinusoids, so
                        position_type, max_length and type_vocab_size play no part.

@@ -14,6 +14,8 @@ module and one row here.
     prefix_lm        PrefixLMModel          T5's decoder-only prefix LM (a DecoderModel)
     encoder_decoder  EncoderDecoderModel    T5, BART, MASS
     xlnet            TwoStreamTransformer   XLNet
+    transformer_xl   TransformerXL          Transformer-XL's LM (XLNet's content stream alone,
+                                            causal; options in ModelConfig.xlnet)
 """
 
 import dataclasses
@@ -29,7 +31,7 @@ from lmsuite.models.decoder import DecoderModel, PrefixLMModel
 from lmsuite.models.electra import ElectraPretrainer
 from lmsuite.models.encoder import EncoderModel
 from lmsuite.models.encoder_decoder import EncoderDecoderModel
-from lmsuite.models.two_stream import TwoStreamTransformer
+from lmsuite.models.two_stream import TransformerXL, TwoStreamTransformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +113,13 @@ def _check_encoder_decoder(config: ModelConfig):
 
 
 def _check_xlnet(config: ModelConfig):
+    name = config.architecture
     if not isinstance(config.xlnet, XLNetOptions):
         raise ValueError(
-            f"architecture='xlnet' needs ModelConfig.xlnet=XLNetOptions(...), got {config.xlnet!r}"
+            f"architecture={name!r} needs ModelConfig.xlnet=XLNetOptions(...), got {config.xlnet!r}"
         )
     if tuple(config.heads) != ("lm",):
-        raise ValueError(f"architecture='xlnet' has heads=('lm',) only, got {config.heads!r}")
+        raise ValueError(f"architecture={name!r} has heads=('lm',) only, got {config.heads!r}")
     _refuse(
         config,
         share_layers="none",
@@ -127,7 +130,27 @@ def _check_xlnet(config: ModelConfig):
     )
     if config.d_model % 2:
         raise ValueError(
-            f"architecture='xlnet' needs an even d_model for its sinusoids, got {config.d_model}"
+            f"architecture={name!r} needs an even d_model for its sinusoids, got {config.d_model}"
+        )
+
+
+def _check_transformer_xl(config: ModelConfig):
+    _check_xlnet(config)
+    opts = config.xlnet
+    if opts.attn_type != "uni":
+        raise ValueError(
+            "architecture='transformer_xl' is a causal LM: it needs XLNetOptions.attn_type="
+            f"'uni', got {opts.attn_type!r}"
+        )
+    if opts.bi_data:
+        raise ValueError(
+            "architecture='transformer_xl' reads its rows forwards only: it needs "
+            "XLNetOptions.bi_data=False, got True"
+        )
+    if opts.reuse_len is not None:
+        raise ValueError(
+            "architecture='transformer_xl' keeps every position of a segment in the memory: it "
+            f"needs XLNetOptions.reuse_len=None, got {opts.reuse_len}"
         )
 
 
@@ -167,8 +190,15 @@ ENCODER_DECODER = Family(
     check=_check_encoder_decoder,
 )
 XLNET = Family(name="xlnet", module=TwoStreamTransformer, heads=("lm",), check=_check_xlnet)
+TRANSFORMER_XL = Family(
+    name="transformer_xl", module=TransformerXL, heads=("lm",), check=_check_transformer_xl
+)
+# The families whose training state carries a memory (two_stream.memory_shapes).
+_WITH_MEMORY = (XLNET, TRANSFORMER_XL)
 
-FAMILIES = {f.name: f for f in (ENCODER, DECODER, PREFIX_LM, ENCODER_DECODER, XLNET)}
+FAMILIES = {
+    f.name: f for f in (ENCODER, DECODER, PREFIX_LM, ENCODER_DECODER, XLNET, TRANSFORMER_XL)
+}
 ARCHITECTURES = tuple(FAMILIES)  # the values of ModelConfig.architecture
 
 
@@ -194,9 +224,10 @@ def check(config: ModelConfig):
             "ModelConfig.electra needs architecture='encoder' and heads=('mlm', 'rtd') (the "
             f"generator's and the discriminator's), got {config.architecture!r}, {config.heads!r}"
         )
-    if config.xlnet is not None and config.architecture != "xlnet":
+    if config.xlnet is not None and config.architecture not in ("xlnet", "transformer_xl"):
         raise ValueError(
-            f"ModelConfig.xlnet is for architecture='xlnet', not {config.architecture!r}"
+            "ModelConfig.xlnet is for architecture='xlnet' or 'transformer_xl', not "
+            f"{config.architecture!r}"
         )
     fam = family(config)
     foreign = [h for h in config.heads if h not in fam.heads]
@@ -280,7 +311,7 @@ def init_cache(config: ModelConfig, *, batch_size: int, length: int) -> dict:
 def validate_ids(config: ModelConfig, inputs: dict):
     """Checks a batch's ids against the config (ranges, shapes) on concrete values: inside jit
     the ids are tracers and the modules can check shapes only."""
-    if family(config) is XLNET:
+    if family(config) in _WITH_MEMORY:
         two_stream.validate_inputs(
             config, inputs["input_ids"], token_type_ids=inputs.get("token_type_ids")
         )
@@ -294,11 +325,11 @@ def validate_ids(config: ModelConfig, inputs: dict):
 
 
 def memory_shapes(config: ModelConfig, batch_size: int) -> tuple:
-    """The memory an XLNet training state carries from step to step
+    """The memory an XLNet or Transformer-XL training state carries from step to step
     (`two_stream.memory_shapes`); ValueError for any other family."""
-    if family(config) is not XLNET:
+    if family(config) not in _WITH_MEMORY:
         raise ValueError(
-            "only architecture='xlnet' carries memory between steps, got "
+            "only architecture='xlnet' or 'transformer_xl' carries memory between steps, got "
             f"{architecture_name(config)!r}"
         )
     return two_stream.memory_shapes(config, batch_size)

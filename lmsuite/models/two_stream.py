@@ -123,12 +123,15 @@ def relative_shift(scores_BHLR, num_keys: int):
     return shifted[..., :num_keys]
 
 
-def relative_bias_params(module: nn.Module, config: ModelConfig) -> dict[str, jax.Array]:
+def relative_bias_params(
+    module: nn.Module, config: ModelConfig, *, segments: bool = True
+) -> dict[str, jax.Array]:
     """The query biases of relative attention, created in `module`: `content_bias` (u, HF's
-    r_w_bias), `position_bias` (v, r_r_bias) and `segment_bias` (r_s_bias), each (H, K)."""
+    r_w_bias), `position_bias` (v, r_r_bias) and, with `segments`, `segment_bias` (r_s_bias),
+    each (H, K)."""
     init = nn.with_logical_partitioning(default_kernel_init(config.init_stddev), (P.HEADS, P.KV))
     shape = (config.num_heads, config.head_width)
-    names = ("content_bias", "position_bias", "segment_bias")
+    names = ("content_bias", "position_bias") + (("segment_bias",) if segments else ())
     return {name: module.param(name, init, shape) for name in names}
 
 
@@ -136,20 +139,23 @@ class RelativeBiases(nn.Module):
     """One set of relative-attention biases shared by every layer (untie_r=False)."""
 
     config: ModelConfig
+    segments: bool = True
 
     @nn.compact
     def __call__(self) -> dict[str, jax.Array]:
-        return relative_bias_params(self, self.config)
+        return relative_bias_params(self, self.config, segments=self.segments)
 
 
 class TwoStreamAttention(nn.Module):
     """Relative multi-head attention of both streams over the content keys and values.
 
     Submodules `query`, `key`, `value`, `position` (D -> H, K) and `out` (H, K -> D), none with
-    a bias; parameter `segment_embedding` (2, H, K): "same segment", "different segment".
+    a bias; parameter `segment_embedding` (2, H, K): "same segment", "different segment"
+    (only with `segments`: Transformer-XL has no segment term).
     """
 
     config: ModelConfig
+    segments: bool = True
 
     @nn.compact
     def __call__(
@@ -184,12 +190,17 @@ class TwoStreamAttention(nn.Module):
             dtype=dtype,
             name=name,
         )
-        biases = shared_biases if shared_biases is not None else relative_bias_params(self, cfg)
-        segment_THK = self.param(
-            "segment_embedding",
-            nn.with_logical_partitioning(kinit, (P.TABLE, P.HEADS, P.KV)),
-            (2, cfg.num_heads, cfg.head_width),
-        )
+        biases = shared_biases
+        if biases is None:
+            biases = relative_bias_params(self, cfg, segments=self.segments)
+        if self.segments:
+            segment_THK = self.param(
+                "segment_embedding",
+                nn.with_logical_partitioning(kinit, (P.TABLE, P.HEADS, P.KV)),
+                (2, cfg.num_heads, cfg.head_width),
+            )
+        elif other_segment_B1LM is not None:
+            raise ValueError("this attention has no segment term: token_type_ids must be None")
         as_11HK = lambda name: jnp.asarray(biases[name], dtype)[None, None]
         query = proj("query")
         kv_BMD = h_BLD if mem_BCD is None else jnp.concatenate([mem_BCD, h_BLD], axis=1)
@@ -249,6 +260,7 @@ class TwoStreamLayer(nn.Module):
     """
 
     config: ModelConfig
+    segments: bool = True
 
     @nn.compact
     def __call__(self, h_BLD, g_BPD, *, deterministic, **attention_inputs):
@@ -265,9 +277,9 @@ class TwoStreamLayer(nn.Module):
             name="mlp",
         )
         drop = lambda x: nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-        attended_h, attended_g = TwoStreamAttention(config=cfg, name="attention")(
-            h_BLD, g_BPD, deterministic=deterministic, **attention_inputs
-        )
+        attended_h, attended_g = TwoStreamAttention(
+            config=cfg, segments=self.segments, name="attention"
+        )(h_BLD, g_BPD, deterministic=deterministic, **attention_inputs)
 
         def finish(x, attended):
             x = attention_norm(x + drop(attended))
@@ -368,9 +380,13 @@ class TwoStreamTransformer(nn.Module):
     hidden / lm_logits are the query stream's (B, P, D) / (B, P, V) at the predicted positions
     when `target_mapping` is given, else the content stream's (B, L, D) / (B, L, V). new_mems
     holds one (B, C', D) array per layer, to be passed as `mems` with the next segment.
+
+    `query_stream=False` (`TransformerXL`) builds the content stream alone: no `mask_emb`, no
+    segment embedding or bias; `perm_mask`, `target_mapping` and `token_type_ids` are refused.
     """
 
     config: ModelConfig
+    query_stream: bool = True
 
     @nn.compact
     def __call__(
@@ -399,6 +415,15 @@ class TwoStreamTransformer(nn.Module):
         cfg = self.config
         if mems is not None and len(mems) == 0:
             mems = None
+        if not self.query_stream:
+            given = {"perm_mask": perm_mask, "target_mapping": target_mapping}
+            given["token_type_ids"] = token_type_ids
+            extra = sorted(k for k, v in given.items() if v is not None)
+            if extra:
+                raise ValueError(
+                    f"{type(self).__name__} is one causal stream without segments: it takes "
+                    f"input_ids, attention_mask and mems, got {extra} too"
+                )
         validate_inputs(
             cfg,
             input_ids,
@@ -415,14 +440,20 @@ class TwoStreamTransformer(nn.Module):
 
         token_embedder = make_token_embedder(cfg)
         # Created whether or not this call has a query stream, so that every call sees one tree.
-        mask_emb_D = self.param(
-            "mask_emb",
-            nn.with_logical_partitioning(default_kernel_init(cfg.init_stddev), (P.EMBED,)),
-            (cfg.d_model,),
-        )
-        shared_biases = None if cfg.xlnet.untie_r else RelativeBiases(cfg, name="relative_biases")()
+        if self.query_stream:
+            mask_emb_D = self.param(
+                "mask_emb",
+                nn.with_logical_partitioning(default_kernel_init(cfg.init_stddev), (P.EMBED,)),
+                (cfg.d_model,),
+            )
+        shared_biases = None
+        if not cfg.xlnet.untie_r:
+            shared_biases = RelativeBiases(cfg, self.query_stream, name="relative_biases")()
 
-        h_BLD = drop(token_embedder(input_ids))
+        x_BLD = token_embedder(input_ids)
+        if cfg.scale_embeddings:  # Transformer-XL's AdaptiveEmbedding scales by sqrt(d_model)
+            x_BLD = x_BLD * jnp.asarray(cfg.d_model**0.5, dtype)
+        h_BLD = drop(x_BLD)
         g_BPD = None
         if target_mapping is not None:
             shape = (batch, target_mapping.shape[1], cfg.d_model)
@@ -440,7 +471,9 @@ class TwoStreamTransformer(nn.Module):
         for i in range(cfg.num_layers):
             mem_BCD = None if mems is None else jnp.asarray(mems[i], dtype)
             new_mems.append(cache_memory(cfg, h_BLD, mem_BCD))
-            h_BLD, g_BPD = TwoStreamLayer(config=cfg, name=f"layers_{i}")(
+            h_BLD, g_BPD = TwoStreamLayer(
+                config=cfg, segments=self.query_stream, name=f"layers_{i}"
+            )(
                 h_BLD,
                 g_BPD,
                 deterministic=deterministic,
@@ -455,3 +488,15 @@ class TwoStreamTransformer(nn.Module):
         hidden = h_BLD if g_BPD is None else g_BPD
         head = VocabHead(config=cfg, token_embedder=token_embedder, transform=False, name="lm_head")
         return {"hidden": hidden, "lm_logits": head(drop(hidden)), "new_mems": tuple(new_mems)}
+
+
+class TransformerXL(TwoStreamTransformer):
+    """Transformer-XL's LM (Dai et al. 2019; kimiyoung/transformer-xl `pytorch/mem_transformer.py`
+    `MemTransformerLM` with attn_type 0): the content stream alone, causal over memory and
+    segment (XLNetOptions.attn_type="uni"), relative positions with the biases u
+    (`content_bias`) and v (`position_bias`), shared by all layers when untie_r=False as in the
+    reference, and the memory of `cache_memory`. ids -> {"hidden", "lm_logits" (B, L, V),
+    "new_mems"}; `Transformer(config)` for architecture="transformer_xl".
+    """
+
+    query_stream: bool = False

@@ -12,6 +12,7 @@ from lmsuite.objectives.causal_lm import causal_lm, prefix_lm
 from lmsuite.objectives.mlm import mlm
 from lmsuite.objectives.plm import permutation_lm
 from lmsuite.objectives.spanbert import span_boundary
+from lmsuite.objectives.stream_lm import stream_lm
 
 __all__ = [
     "Carry",
@@ -23,4 +24,5 @@ __all__ = [
     "prefix_lm",
     "seq2seq",
     "span_boundary",
+    "stream_lm",
 ]

@@ -1,7 +1,8 @@
 """The papers' optimizers, assembled from Optax pieces.
 
-- `adamw`: Adam with decoupled weight decay; LayerNorm parameters and biases are not decayed; with
-  `bias_correction=False` it is TF BERT's `AdamWeightDecayOptimizer` (update m / (sqrt(v) + eps)).
+- `adamw`: Adam with decoupled weight decay; LayerNorm parameters and biases are not decayed,
+  except XLNet's relative-attention biases (`DECAY_INCLUDE_PATTERN`); with
+  `bias_correction=False` it is TF BERT's `AdamWeightDecayOptimizer` (m / (sqrt(v) + eps)).
 - `lamb`: LAMB as ALBERT's `lamb_optimizer.py` runs it: weight decay *and* the layer-wise trust
   ratio are both masked, so LayerNorm parameters and biases take plain Adam steps.
 - `adafactor`: T5's Adafactor (factored second moments, decay 0.8, update clipping 1.0,
@@ -22,26 +23,45 @@ OPTIMIZERS = ("adamw", "lamb", "adafactor", "sgd")
 # ALBERT's default LAMB learning rate (batch 4096, `run_pretraining.py --learning_rate`).
 ALBERT_LAMB_LEARNING_RATE = 0.00176
 # A parameter whose tree path matches this is a LayerNorm/RMSNorm parameter or a bias: any name
-# ending in "bias", as the TF references match "bias" anywhere in a variable's name (BERT's and
-# ALBERT's exclude_from_weight_decay; XLNet's r_w_bias, r_r_bias, r_s_bias and its LM bias).
+# ending in "bias", as the TF references match "bias" anywhere in a variable's name (BERT's,
+# ALBERT's and XLNet's exclude_from_weight_decay = ["LayerNorm", "layer_norm", "bias"]).
 NO_DECAY_PATTERN = r"(^|/)[^/]*(norm|LayerNorm|layer_norm)[^/]*(/|$)|bias$"
+# Checked before NO_DECAY_PATTERN: these are decayed although their names end in "bias". XLNet's
+# AdamWeightDecayOptimizer (zihangdai/xlnet model_utils.py, `_do_use_weight_decay`) tests its
+# include_in_weight_decay = ["r_s_bias", "r_r_bias", "r_w_bias"] first, so the relative-attention
+# biases u, v and the segment bias take weight decay; lmsuite names them content_bias,
+# position_bias and segment_bias (the r_* names are the reference's and HuggingFace's).
+DECAY_INCLUDE_PATTERN = r"(^|/)(content_bias|position_bias|segment_bias|r_[wrs]_bias)$"
 
 
 def _path_string(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
-def decay_mask(params: Any, *, exclude: str = NO_DECAY_PATTERN) -> Any:
+def takes_decay(
+    path: str, *, exclude: str = NO_DECAY_PATTERN, include: str = DECAY_INCLUDE_PATTERN
+) -> bool:
+    """Whether the parameter at "/"-joined `path` is decayed: `include` first, then `exclude`.
+
+    Example: "layers_0/attention/content_bias" -> True, "layers_0/mlp/wi/bias" -> False.
+    """
+    if re.search(include, path, flags=re.IGNORECASE):
+        return True
+    return re.search(exclude, path, flags=re.IGNORECASE) is None
+
+
+def decay_mask(
+    params: Any, *, exclude: str = NO_DECAY_PATTERN, include: str = DECAY_INCLUDE_PATTERN
+) -> Any:
     """True for every parameter that takes weight decay and the trust ratio.
 
     Example: {"layers_0": {"attention_norm": {"scale": w1, "bias": w2},
-              "mlp": {"wi": {"kernel": w3, "bias": w4}}}}
+              "attention": {"content_bias": w3}, "mlp": {"wi": {"kernel": w4, "bias": w5}}}}
       -> {"layers_0": {"attention_norm": {"scale": False, "bias": False},
-          "mlp": {"wi": {"kernel": True, "bias": False}}}}
+          "attention": {"content_bias": True}, "mlp": {"wi": {"kernel": True, "bias": False}}}}
     """
-    pattern = re.compile(exclude, flags=re.IGNORECASE)
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: pattern.search(_path_string(path)) is None, params
+        lambda path, _: takes_decay(_path_string(path), exclude=exclude, include=include), params
     )
 
 
@@ -85,7 +105,7 @@ def adamw(
     bias_correction: bool = True,
     mask: Callable[[Any], Any] = decay_mask,
 ) -> optax.GradientTransformation:
-    """AdamW with LayerNorm parameters and biases excluded from weight decay."""
+    """AdamW with LayerNorm parameters and biases (not XLNet's r_*_bias) excluded from decay."""
     return optax.chain(
         scale_by_adam_moments(b1=b1, b2=b2, eps=eps, bias_correction=bias_correction),
         optax.add_decayed_weights(weight_decay, mask=mask),

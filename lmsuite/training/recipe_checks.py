@@ -18,6 +18,23 @@ def xlnet_rows(task: str, rows: int) -> str:
     return xlnet.stream_task(seqio.get_mixture_or_task(task), batch_size=rows).name
 
 
+def txl_rows(task: str, rows: int) -> str:
+    """The B-row task of a `*_txl_lm` task (`xlnet.stream_task`: the same row layout)."""
+    return xlnet.stream_task(seqio.get_mixture_or_task(task), batch_size=rows).name
+
+
+def txl_model_problems(config: ModelConfig, lengths: Mapping[str, int] | None) -> list[str]:
+    del lengths  # every position of a segment enters the memory, whatever its length
+    if config.xlnet is None:  # not a Transformer-XL: the architecture check names it
+        return []
+    if config.xlnet.mem_len is None:
+        return [
+            "the train state carries a fixed memory: set XLNetOptions.mem_len (the reference's "
+            "WikiText-103 base: 150 for tgt_len 150), got None"
+        ]
+    return []
+
+
 def xlnet_model_problems(config: ModelConfig, lengths: Mapping[str, int] | None) -> list[str]:
     if config.xlnet is None:  # not an XLNet: the architecture check names it
         return []

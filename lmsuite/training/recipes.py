@@ -334,6 +334,29 @@ RECIPES: dict[str, Recipe] = {
             differences="each term is a mean over its own targets before the sum; the "
             "shuffled weights travel as int32 through the converter's span features",
         ),
+        Recipe(
+            name="txl_lm",
+            summary="Transformer-XL LM: next-token prediction over contiguous segments, "
+            "relative positions, memory of the previous segment carried from step to step",
+            task_objectives=("txl_lm",),
+            length_keys=("inputs", "targets"),
+            lengths_for=lambda n: {"inputs": n, "targets": n},
+            task_features=("inputs", "targets"),
+            converter=lambda pack: fc.StreamLmFeatureConverter(pack=pack),
+            pack=False,
+            loss=losses.stream_lm,
+            architectures=("transformer_xl",),
+            example_model="txl_tiny",
+            check_model=recipe_checks.txl_model_problems,
+            rows_task=recipe_checks.txl_rows,
+            reference="kimiyoung/transformer-xl pytorch/mem_transformer.py (MemTransformerLM, "
+            "RelPartialLearnableMultiHeadAttn, _update_mems), pytorch/train.py, "
+            "pytorch/data_utils.py (LMOrderedIterator); tf/model.py",
+            differences="a full softmax over the vocabulary (no adaptive softmax or adaptive "
+            "input); rows continue for steps_per_block steps, then start new text with their "
+            "memory reset to zeros (the reference: one stream per row for the whole corpus, "
+            "never reset); documents end with </s>; no variable-length segments (--varlen)",
+        ),
     ]
 }
 

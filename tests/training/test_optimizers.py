@@ -1,5 +1,6 @@
 """The optimizers reproduce the papers' update rules."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,17 +67,48 @@ def test_decay_mask_excludes_norms_and_biases():
 
 
 def test_decay_mask_excludes_every_name_ending_in_bias():
-    """TF BERT, ALBERT and XLNet exclude every variable whose name holds "bias": the MLM head's
-    output_bias and XLNet's relative-attention biases too, but not the kernels beside them."""
+    """TF BERT, ALBERT and XLNet exclude every variable whose name holds "bias" (the MLM head's
+    output_bias too), but not the kernels beside them."""
     params = {
         "lm_head": {"output_bias": jnp.ones(3), "kernel": jnp.ones((2, 3))},
-        "attention": {"content_bias": jnp.ones(2), "segment_embedding": jnp.ones(2)},
+        "attention": {"segment_embedding": jnp.ones(2)},
         "bias_free": {"kernel": jnp.ones(2)},
     }
     mask = optimizers.decay_mask(params)
     assert mask["lm_head"] == {"output_bias": False, "kernel": True}
-    assert mask["attention"] == {"content_bias": False, "segment_embedding": True}
+    assert mask["attention"] == {"segment_embedding": True}
     assert mask["bias_free"]["kernel"] is True
+
+
+def test_decay_mask_of_a_tiny_xlnet_is_the_references():
+    """XLNet's `_do_use_weight_decay` (zihangdai/xlnet model_utils.py) checks its include list
+    r_w_bias, r_r_bias, r_s_bias before the exclude list LayerNorm, layer_norm, bias: the
+    relative-attention biases are decayed, LayerNorm parameters and the other biases are not."""
+    from lmsuite.cli import model_config_from_gin
+    from lmsuite.models.summary import abstract_variables
+
+    boxed = abstract_variables(model_config_from_gin(["models/xlnet_tiny.gin"]))["params"]
+    params = nn.unbox(boxed)  # the train state holds unboxed parameters
+    flat = jax.tree_util.tree_leaves_with_path(optimizers.decay_mask(params))
+    decayed = {optimizers._path_string(path) for path, m in flat if m}
+    kept = {optimizers._path_string(path) for path, m in flat if not m}
+    assert {
+        "layers_0/attention/content_bias",  # r_w_bias
+        "layers_0/attention/position_bias",  # r_r_bias
+        "layers_0/attention/segment_bias",  # r_s_bias
+        "layers_0/attention/query/kernel",
+        "layers_0/attention/segment_embedding",  # seg_embed
+        "layers_0/mlp/wi/kernel",
+        "mask_emb",
+        "token_embedder/embedding",
+    } <= decayed
+    assert {
+        "layers_0/mlp/wi/bias",
+        "layers_0/post_attention_norm/scale",
+        "layers_0/post_attention_norm/bias",
+        "lm_head/output_bias",  # lm_loss/bias
+    } <= kept
+    assert not any("norm" in p or p.endswith("/bias") or p.endswith("output_bias") for p in decayed)
 
 
 def test_albert_lamb_trust_ratio_and_plain_adam_for_masked():

@@ -413,7 +413,8 @@ def stream_task(
     name: str | None = None,
     register: bool = True,
 ) -> seqio.Task:
-    """`task` (an `*_xlnet_plm` task) with its XLNet step bound to these `StreamOptions`, named
+    """`task` (an `*_xlnet_plm` or `*_txl_lm` task) with its stream step bound to these
+    `StreamOptions` (the stream LM takes batch_size and steps_per_block only), named
     `name` (default `{task.name}_rows{batch_size}`) and registered unless `register=False`.
 
     The new task refuses `shuffle=True` (SeqIO raises: its shuffle_buffer_size is None), since
@@ -422,7 +423,7 @@ def stream_task(
       -> "c4_xlnet_plm_rows16"; get_dataset({"input_k": 512, "target": 85}, shuffle=False)
     """
     options = StreamOptions(batch_size, reuse_len, perm_size, steps_per_block)
-    # The XLNet step is the one preprocessor taking `stream` (tasks.py's `_xlnet`).
+    # The stream step is the one preprocessor taking `stream` (`_xlnet`, `_stream_lm`).
     takes_stream = ["stream" in inspect.signature(step).parameters for step in task.preprocessors]
     if sum(takes_stream) != 1:
         raise ValueError(
