@@ -43,6 +43,21 @@ XLNET = (
 )
 
 
+# Transformer-XL's LM on the same schedule: its memory is in the train state too.
+TXL = (
+    "--gin_file=experiments/txl_tiny.gin",
+    "--gin.TRAIN_STEPS=30",
+    "--gin.CHECKPOINT_EVERY=10",
+    "--gin.SEQUENCE_LENGTH={'inputs': 32, 'targets': 32}",
+    "--gin.XLNetOptions.mem_len=32",
+    "--gin.BATCH_SIZE=8",
+    "--gin.train.log_every=1",
+    "--gin.train.eval_every=0",
+    "--gin.train.final_eval=False",
+    "--gin.train.progress_bar=False",
+)
+
+
 def command(model_dir: Path, *bindings: str) -> list[str]:
     """`lmsuite train` on smoke.gin, or on the gin file the bindings name first."""
     gin_file = [] if any(b.startswith("--gin_file=") for b in bindings) else [

@@ -74,15 +74,24 @@ def _kill_at_random_step_and_resume(reference, tmp_path, seed, *bindings, low=2)
     return kill_after
 
 
-@pytest.fixture(scope="module")
-def xlnet_reference(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("xlnet_reference")
-    result = smoke.run(model_dir, *smoke.XLNET)
+def _memory_reference(tmp_path_factory, name, bindings):
+    model_dir = tmp_path_factory.mktemp(name)
+    result = smoke.run(model_dir, *bindings)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = smoke.losses(model_dir)
     assert sorted(losses) == list(range(1, smoke.SMOKE_STEPS + 1))
     assert smoke.committed_steps(model_dir) == [10, 20, 30]
     return model_dir, losses
+
+
+@pytest.fixture(scope="module")
+def xlnet_reference(tmp_path_factory):
+    return _memory_reference(tmp_path_factory, "xlnet_reference", smoke.XLNET)
+
+
+@pytest.fixture(scope="module")
+def txl_reference(tmp_path_factory):
+    return _memory_reference(tmp_path_factory, "txl_reference", smoke.TXL)
 
 
 # slow: the fast suite keeps the BERT kill -9 resume and XLNet's memory dependence
@@ -94,6 +103,24 @@ def test_kill_9_and_resume_xlnet_with_its_memory_is_bitwise(xlnet_reference, tmp
         xlnet_reference, tmp_path, 0, *smoke.XLNET, low=11
     )
     assert killed_after >= 11
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_transformer_xl_with_its_memory_is_bitwise(txl_reference, tmp_path):
+    """As XLNet's: Transformer-XL's LM carries its memory in the train state."""
+    killed_after = _kill_at_random_step_and_resume(txl_reference, tmp_path, 0, *smoke.TXL, low=11)
+    assert killed_after >= 11
+
+
+@pytest.mark.slow
+def test_transformer_xl_losses_depend_on_the_memory(txl_reference, tmp_path):
+    _, with_memory = txl_reference
+    model_dir = tmp_path / "no_memory"
+    result = smoke.run(model_dir, *smoke.TXL, "--gin.make_recipe.loss_options={'memory': False}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    without = smoke.losses(model_dir)
+    # Step 1's memory is zeros; every later step reads the previous segment's states.
+    assert all(without[s] != with_memory[s] for s in range(2, smoke.SMOKE_STEPS + 1))
 
 
 def test_xlnet_losses_depend_on_the_memory(xlnet_reference, tmp_path):

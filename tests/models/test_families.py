@@ -26,6 +26,14 @@ CONFIGS = {
     "xlnet": ModelConfig(
         **TINY, architecture="xlnet", heads=("lm",), type_vocab_size=0, xlnet=XLNetOptions()
     ),
+    "transformer_xl": ModelConfig(
+        **TINY,
+        architecture="transformer_xl",
+        heads=("lm",),
+        type_vocab_size=0,
+        position_type="none",
+        xlnet=XLNetOptions(attn_type="uni", bi_data=False, reuse_len=None, mem_len=8),
+    ),
 }
 
 
