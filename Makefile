@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 test: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 test-all: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile -m '' tests
