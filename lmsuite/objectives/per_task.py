@@ -13,12 +13,15 @@ sums come from the objective's own `terms` with the weights outside task k set t
 are exactly what the objective computes on that task's predictions alone; the shares sum to 1
 and share-weighted accuracies to the main term's accuracy.
 
+With task `weights`, the main term's loss is the task-weighted mean of its predictions' losses.
+
 Example: task_ids [[1, 1, 2, 0]], weights [[1, 1, 1, 0]], per-token loss [[1., 3., 2., 9.]]
   -> seq2seq_loss/a = 2.0, seq2seq_loss/b = 2.0, seq2seq_share/a = 2/3, seq2seq_share/b = 1/3.
 """
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import jax.numpy as jnp
 
@@ -38,16 +41,40 @@ def main_term(objective: Objective) -> str:
     return accuracy.removesuffix("_accuracy")
 
 
-def per_task(objective: Objective, tasks: Sequence[str]) -> Objective:
-    """`objective` with per-task metrics for a batch of a mixture of `tasks` (in task-id order)."""
+def _check_weights(weights: Mapping[str, float], tasks: tuple[str, ...]) -> None:
+    unknown = sorted(set(weights) - set(tasks))
+    if unknown:
+        raise ValueError(
+            f"task weights name {unknown}, which are not tasks of the mixture; its tasks are "
+            f"{list(tasks)}"
+        )
+    bad = {t: w for t, w in weights.items() if not (math.isfinite(w) and w >= 0)}
+    if bad or not any(weights.get(t, 1.0) > 0 for t in tasks):
+        raise ValueError(
+            f"task weights must be finite, >= 0 and not all 0, got {dict(weights)} (a task not "
+            "named weighs 1)"
+        )
+
+
+def per_task(
+    objective: Objective, tasks: Sequence[str], *, weights: Mapping[str, float] | None = None
+) -> Objective:
+    """`objective` with per-task metrics for a batch of a mixture of `tasks` (in task-id order).
+
+    `weights` (task -> weight, 1 for a task not named) turn the main term's loss into the
+    weighted mean sum_i w_task(i) l_i / sum_i w_task(i) over its predictions (a term normalized
+    by a constant divides by that constant); accuracies and the per-task metrics stay unweighted.
+    """
     tasks = tuple(tasks)
     if not tasks:
         raise ValueError(f"objective {objective.name!r}: per-task metrics need tasks, got none")
     if len(set(tasks)) != len(tasks):
         raise ValueError(f"per-task metrics need distinct task names, got {list(tasks)}")
+    _check_weights(weights or {}, tasks)
     term = main_term(objective)
     weights_feature = objective.prediction_features[1]
     count = objective.accuracy_denominators.get(term, term)
+    predictions = f"{term}_predictions"
     base_denominators, base_sums = objective.denominators, objective.metric_sums
 
     def weights_of(batch, k):
@@ -62,6 +89,7 @@ def per_task(objective: Objective, tasks: Sequence[str]) -> Objective:
 
     def denominators(batch):
         out = dict(base_denominators(batch))
+        out[predictions] = out[count]  # unweighted, whatever task weights do to the term's
         for k, task in enumerate(tasks):
             out[f"{term}_tokens/{task}"] = total_weight(weights_of(batch, k))
         return out
@@ -74,16 +102,48 @@ def per_task(objective: Objective, tasks: Sequence[str]) -> Objective:
             tokens = f"{term}_tokens/{task}"
             out[f"{term}_loss/{task}"] = MetricSum(sums.loss, tokens)
             out[f"{term}_accuracy/{task}"] = MetricSum(sums.correct, tokens)
-            out[f"{term}_share/{task}"] = MetricSum(total_weight(only[weights_feature]), count)
+            out[f"{term}_share/{task}"] = MetricSum(
+                total_weight(only[weights_feature]), predictions
+            )
         return out
 
     added = tuple(
         f"{term}_{metric}/{task}" for task in tasks for metric in ("loss", "accuracy", "share")
     )
-    return dataclasses.replace(
+    out = dataclasses.replace(
         objective,
         denominators=denominators,
         metric_sums=metric_sums,
         features=(*objective.features, TASK_IDS),
         metrics=(*objective.metrics, *added),
+    )
+    if not weights or all(w == 1.0 for w in weights.values()):
+        return out
+    return _weighted(out, objective, term, weights_feature, predictions, tasks, weights)
+
+
+def _weighted(out, objective, term, weights_feature, predictions, tasks, weights) -> Objective:
+    """`out` whose main term's loss weighs each prediction by its task's weight; its accuracy
+    is divided by the unweighted count of predictions."""
+    factor_K = jnp.asarray([0.0] + [float(weights.get(t, 1.0)) for t in tasks], jnp.float32)
+
+    def scaled(batch):
+        factor = factor_K[batch[TASK_IDS]]
+        return {**batch, weights_feature: batch[weights_feature].astype(jnp.float32) * factor}
+
+    def denominators(batch):
+        den = dict(out.denominators(batch))
+        den[term] = objective.denominators(scaled(batch))[term]
+        return den
+
+    def terms(outputs, batch):
+        sums = dict(objective.terms(outputs, batch))
+        sums[term] = sums[term]._replace(loss=objective.terms(outputs, scaled(batch))[term].loss)
+        return sums
+
+    return dataclasses.replace(
+        out,
+        denominators=denominators,
+        terms=terms,
+        accuracy_denominators={**out.accuracy_denominators, term: predictions},
     )

@@ -372,6 +372,7 @@ class RecipeChoice:
     recipe: Recipe
     pack: bool
     loss_options: Mapping[str, Any]
+    task_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,10 +407,16 @@ def loss_parameters(recipe: Recipe) -> list[str]:
 
 
 def make_recipe(
-    *, name: str, pack: bool | None = None, loss_options: Mapping[str, Any] | None = None
+    *,
+    name: str,
+    pack: bool | None = None,
+    loss_options: Mapping[str, Any] | None = None,
+    task_weights: Mapping[str, float] | None = None,
 ) -> RecipeChoice:
     """Selects the row `name`; `pack` overrides its default packing; `loss_options` its loss's
-    keyword options (e.g. {'z_loss': 0.0, 'label_smoothing': 0.1}).
+    keyword options (e.g. {'z_loss': 0.0, 'label_smoothing': 0.1}); `task_weights` ({task:
+    weight}, 1 for a task not named) weigh a mixture's tasks in the loss
+    (`lmsuite.objectives.per_task`).
 
     Raises:
       ValueError: an unknown row or loss option (naming the valid ones), or packing a row whose
@@ -430,7 +437,17 @@ def make_recipe(
             f"recipe {name!r} cannot pack (its sentence-level labels are one per row); "
             "set make_recipe.pack = False"
         )
-    return RecipeChoice(recipe=recipe, pack=pack, loss_options={**recipe.loss_options, **options})
+    if task_weights and not recipe.task_ids_along:
+        raise ValueError(
+            f"recipe {name!r} cannot weigh a mixture's tasks: its feature converter does not "
+            "carry task ids; drop make_recipe.task_weights"
+        )
+    return RecipeChoice(
+        recipe=recipe,
+        pack=pack,
+        loss_options={**recipe.loss_options, **options},
+        task_weights=dict(task_weights or {}),
+    )
 
 
 def build(choice: RecipeChoice, *, model_config: ModelConfig, tasks: Sequence[str] = ()) -> Built:
@@ -442,6 +459,11 @@ def build(choice: RecipeChoice, *, model_config: ModelConfig, tasks: Sequence[st
     if recipe.token_types == "optional" and model_config.type_vocab_size < 2:
         options["token_type_ids"] = None  # the model has no second segment type to read
     objective = recipe.loss(**options)
+    if choice.task_weights and not tasks:
+        raise ValueError(
+            f"make_recipe.task_weights = {dict(choice.task_weights)} weigh a mixture's tasks, but "
+            "the run's task is not a mixture"
+        )
     if not (tasks and recipe.task_ids_along):
         return Built(
             recipe=recipe,
@@ -452,7 +474,7 @@ def build(choice: RecipeChoice, *, model_config: ModelConfig, tasks: Sequence[st
     return Built(
         recipe=recipe,
         feature_converter=fc.with_task_ids(recipe.converter(pack=choice.pack)),
-        objective=per_task.per_task(objective, tasks),
+        objective=per_task.per_task(objective, tasks, weights=choice.task_weights),
         pack=choice.pack,
         tasks=tuple(tasks),
         task_ids_along=recipe.task_ids_along,

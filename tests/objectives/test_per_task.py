@@ -107,3 +107,59 @@ def test_task_ids_of_another_shape_are_refused():
     }
     with pytest.raises(ValueError, match="must run along masked_weights"):
         objective.denominators(batch)
+
+
+def test_task_weights_make_the_loss_a_task_weighted_mean_and_leave_the_rest_unweighted():
+    rng = np.random.default_rng(2)
+    batch = _batch(rng)
+    logits = rng.normal(size=batch[seq2seq.TARGETS].shape + (7,)).astype(np.float32)
+    outputs = {"lm_logits": jnp.asarray(logits)}
+    weights = {"span": 2.0, "prefix": 0.0}  # "iid" weighs 1
+    plain = per_task.per_task(seq2seq.seq2seq(z_loss=0.0), TASKS)
+    weighted = per_task.per_task(seq2seq.seq2seq(z_loss=0.0), TASKS, weights=weights)
+    _, base = plain.loss_and_metrics(outputs, batch, plain.denominators(batch))
+    total, metrics = weighted.loss_and_metrics(outputs, batch, weighted.denominators(batch))
+
+    log_z = np.log(np.exp(logits).sum(-1))
+    target_logit = np.take_along_axis(logits, batch[seq2seq.TARGETS][..., None], -1)[..., 0]
+    factor = np.array([0.0, 2.0, 1.0, 0.0])[batch[per_task.TASK_IDS]] * batch[seq2seq.WEIGHTS]
+    expected = ((log_z - target_logit) * factor).sum() / factor.sum()
+    np.testing.assert_allclose(total, expected, rtol=1e-5)
+    np.testing.assert_allclose(metrics["seq2seq_loss"], expected, rtol=1e-5)
+    for name in metrics:  # everything but the loss is what the unweighted objective reports
+        if name not in ("seq2seq_loss",):
+            np.testing.assert_allclose(metrics[name], base[name], rtol=1e-6, err_msg=name)
+
+
+def test_task_weights_of_an_mlm_keep_its_accuracy_per_prediction():
+    rng = np.random.default_rng(3)
+    batch = {
+        "input_ids": rng.integers(1, 11, size=(2, 8)).astype(np.int32),
+        "masked_positions": rng.integers(0, 8, size=(2, 4)).astype(np.int32),
+        "masked_ids": rng.integers(1, 11, size=(2, 4)).astype(np.int32),
+        "masked_weights": np.ones((2, 4), np.float32),
+        per_task.TASK_IDS: np.array([[1, 1, 2, 2], [2, 2, 2, 2]], np.int32),
+    }
+    logits = jnp.asarray(rng.normal(size=(2, 4, 11)).astype(np.float32))
+    plain = per_task.per_task(objectives.mlm(), ("a", "b"))
+    weighted = per_task.per_task(objectives.mlm(), ("a", "b"), weights={"a": 3.0})
+    _, base = plain.loss_and_metrics({"mlm_logits": logits}, batch, plain.denominators(batch))
+    _, metrics = weighted.loss_and_metrics(
+        {"mlm_logits": logits}, batch, weighted.denominators(batch)
+    )
+    np.testing.assert_allclose(metrics["mlm_accuracy"], base["mlm_accuracy"], rtol=1e-6)
+    expected = (3 * 2 * base["mlm_loss/a"] + 6 * base["mlm_loss/b"]) / (3 * 2 + 6)
+    np.testing.assert_allclose(metrics["mlm_loss"], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({"nope": 1.0}, r"\['nope'\], which are not tasks"),
+        ({"a": -1.0}, "finite, >= 0"),
+        ({"a": 0.0, "b": 0.0}, "not all 0"),
+    ],  # fmt: skip
+)
+def test_bad_task_weights_are_refused_naming_them(weights, message):
+    with pytest.raises(ValueError, match=message):
+        per_task.per_task(objectives.mlm(), ("a", "b"), weights=weights)

@@ -93,3 +93,16 @@ def test_the_seq2seq_mixture_trains_under_span_corruption_with_per_task_metrics(
         # The whole batch's loss is the share-weighted mean of the tasks' losses.
         mixed = sum(s * loss for s, loss in zip(shares, losses, strict=True))
         assert mixed == pytest.approx(record[f"{prefix}seq2seq_loss"], rel=1e-4)
+
+
+def test_task_weights_need_a_row_that_carries_task_ids_and_a_mixture():
+    with pytest.raises(ValueError, match="recipe 'mass' cannot weigh a mixture's tasks"):
+        recipes.make_recipe(name="mass", task_weights={"wiki_sample_mass": 2.0})
+    choice = recipes.make_recipe(name="bert_mlm", task_weights={"wiki_sample_wwm": 2.0})
+    config = cli.model_config_from_gin(["models/bert_tiny.gin"])
+    with pytest.raises(ValueError, match="the run's task is not a mixture"):
+        recipes.build(choice, model_config=config)
+    built = recipes.build(
+        choice, model_config=config, tasks=mixtures.task_names("wiki_sample_encoder_mlm_mixture")
+    )
+    assert "mlm_loss/wiki_sample_wwm" in built.objective.metrics
