@@ -72,7 +72,7 @@ def _collect_train_args(**kwargs):
 def register_configurables() -> None:
     """Makes the library functions configurable under stable gin names (idempotent)."""
     from lmsuite.models import ModelConfig, XLNetOptions
-    from lmsuite.models.config import DebertaOptions, ElectraOptions, TupeOptions
+    from lmsuite.models.config import DebertaOptions, ElectraOptions, LabelHead, TupeOptions
     from lmsuite.training import recipes
     from lmsuite.training.train_config import OptimizerConfig, ScheduleConfig
 
@@ -84,6 +84,7 @@ def register_configurables() -> None:
         (ElectraOptions, "ElectraOptions", "lmsuite.models"),
         (DebertaOptions, "DebertaOptions", "lmsuite.models"),
         (TupeOptions, "TupeOptions", "lmsuite.models"),
+        (LabelHead, "LabelHead", "lmsuite.models"),
         (_collect_train_args, "train", "lmsuite.training"),
         # The run config's optimizer and schedule, under the names of the functions that make
         # them (the gin files bind make_optimizer.eps, make_schedule.warmup_steps, ...).

@@ -15,6 +15,7 @@ EncoderMlmFeatureConverter, task lengths {"input_ids": L, "masked_ids": P}:
   masked_positions, masked_ids            int32 [P], masked_weights float32 [P]
   each of `span_features`                 int32 [P]  (SpanBERT's span_left_positions, ...)
   each of `labels`                        int32 []   (next_sentence_label, unilm_mode, ...)
+  each of `token_labels`                  int32 [L]  (a class per token, -1: none; padding -1)
 ClassificationFeatureConverter, task lengths {"input_ids": L}:
   input_ids, token_type_ids, input_mask int32 [L]; label int32 []
 MassFeatureConverter, task lengths {"inputs": L, "targets": M} (the task's decoder_input_tokens
@@ -133,13 +134,15 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         *,
         labels: Sequence[str] = (),
         span_features: Sequence[str] = (),
+        token_labels: Sequence[str] = (),
         pack: bool = False,
         **kwargs,
     ):
-        if pack and labels:
+        if pack and (labels or token_labels):
             raise ValueError(
-                f"{type(self).__name__} cannot pack examples with sentence-level labels "
-                f"{tuple(labels)} (one label per row); got pack=True"
+                f"{type(self).__name__} cannot pack examples with sentence-level or token "
+                f"labels {(*labels, *token_labels)} (one label per row, or per row position); "
+                "got pack=True"
             )
         # SeqIO's length checks are two more maps per example; `_convert_features` checks
         # every padded feature itself instead, in one Assert, and its outputs have static
@@ -147,12 +150,14 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         kwargs.setdefault("apply_length_check", False)
         super().__init__(pack=pack, **kwargs)
         self._labels, self._span_features = tuple(labels), tuple(span_features)
+        self._token_labels = tuple(token_labels)
         if mixtures.TASK_IDS in self._span_features:  # its length comes with the task lengths
             self.TASK_FEATURES = {**type(self).TASK_FEATURES, mixtures.TASK_IDS: _Spec(tf.int32)}
         self.MODEL_FEATURES = {
             **type(self).MODEL_FEATURES,
             **{name: _Spec(dtype=tf.int32) for name in self._span_features},
             **{name: _Spec(dtype=tf.int32, rank=0) for name in self._labels},
+            **{name: _Spec(dtype=tf.int32) for name in self._token_labels},
         }
 
     def _convert_features(self, ds, task_feature_lengths):
@@ -163,6 +168,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
             )
 
         limits = {"input_ids": length, "token_type_ids": length}
+        limits.update({name: length for name in self._token_labels})
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights")
         limits.update({name: predictions for name in (*prediction_keys, *self._span_features)})
 
@@ -177,6 +183,8 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
                 out[name] = _pad(ex[name], predictions, tf.int32)
             for name in self._labels:
                 out[name] = tf.cast(ex[name], tf.int32)
+            for name in self._token_labels:  # -1 (no label) on the padding too
+                out[name] = _pad(tf.cast(ex[name], tf.int32) + 1, length, tf.int32) - 1
             return out
 
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
@@ -189,6 +197,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights", *self._span_features)
         lengths.update({k: predictions for k in prediction_keys})
         lengths.update({k: 1 for k in self._labels})  # rank 0: SeqIO skips their length check
+        lengths.update({k: length for k in self._token_labels})
         return lengths
 
 
@@ -313,6 +322,7 @@ def with_task_ids(converter: seqio.FeatureConverter) -> seqio.FeatureConverter:
         return EncoderMlmFeatureConverter(
             labels=converter._labels,
             span_features=(*converter._span_features, mixtures.TASK_IDS),
+            token_labels=converter._token_labels,
             pack=converter.pack,
         )
     raise ValueError(

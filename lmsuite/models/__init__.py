@@ -1,10 +1,17 @@
 """Architectures assembled from `lmsuite.layers`, one module per family (`families`)."""
 
-from lmsuite.models.config import DebertaOptions, ModelConfig, TupeOptions, XLNetOptions
+from lmsuite.models.config import (
+    DebertaOptions,
+    LabelHead,
+    ModelConfig,
+    TupeOptions,
+    XLNetOptions,
+)
 from lmsuite.models.families import Transformer, memory_shapes
 
 __all__ = [
     "DebertaOptions",
+    "LabelHead",
     "ModelConfig",
     "Transformer",
     "TupeOptions",

@@ -190,6 +190,32 @@ _FLAT_DEBERTA_PREFIX = "deberta_"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LabelHead:
+    """One more classification head of a multi-task encoder (ERNIE 2.0's tasks, whose arities
+    differ): `{name}_logits` over `num_labels` classes for each row (the first token's state
+    through its own pooler, as `classifier`) or, with `per_token`, for every token.
+
+    Example: LabelHead(name="sentence_distance", num_labels=3) -> outputs["sentence_distance_
+    logits"] of shape (B, 3), parameters under `label_sentence_distance/`.
+    """
+
+    name: str
+    num_labels: int
+    per_token: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.isidentifier() or self.name in HEADS:
+            raise ValueError(
+                f"LabelHead.name must be an identifier other than the heads {HEADS}, got "
+                f"{self.name!r}"
+            )
+        if not isinstance(self.num_labels, int) or self.num_labels < 2:
+            raise ValueError(
+                f"LabelHead {self.name!r}: num_labels must be an int >= 2, got {self.num_labels!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Everything that decides parameter shapes and the forward computation.
 
@@ -217,7 +243,8 @@ class ModelConfig:
       heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
                        (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA),
                        sbo (SpanBERT's span boundary head, `span_boundary.py`: sbo_max_span
-                       offset rows of width sbo_position_dim).
+                       offset rows of width sbo_position_dim); label_heads (LabelHead:
+                       a multi-task encoder's row or token classifiers of their own arity).
       xlnet            XLNetOptions, set exactly when architecture="xlnet" or "transformer_xl"
                        (which also reads scale_embeddings). XLNet reads the
                        sizes, activation, norm_eps, dropout, init_stddev, tie_embeddings,
@@ -273,6 +300,7 @@ class ModelConfig:
     num_labels: int = 2
     sbo_max_span: int = 15  # SpanBERT's --max-pair-targets: tokens per span with an SBO target
     sbo_position_dim: int = 200  # the width of SpanBERT's offset embeddings
+    label_heads: tuple[LabelHead, ...] = ()  # a multi-task encoder's further heads
 
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
@@ -350,6 +378,9 @@ class ModelConfig:
             fields["deberta"] = DebertaOptions(**fields["deberta"])
         if isinstance(fields.get("tupe"), dict):
             fields["tupe"] = TupeOptions(**fields["tupe"])
+        fields["label_heads"] = tuple(
+            LabelHead(**h) if isinstance(h, dict) else h for h in fields.get("label_heads", ())
+        )
         return cls(**fields)
 
     @property
@@ -401,6 +432,11 @@ class ModelConfig:
         unknown = [h for h in self.heads if h not in HEADS]
         if unknown:
             raise ValueError(f"unknown heads {unknown}; expected a subset of {HEADS}")
+        if not all(isinstance(h, LabelHead) for h in self.label_heads):
+            raise ValueError(f"label_heads must be LabelHead values, got {self.label_heads!r}")
+        names = [h.name for h in self.label_heads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"label_heads need distinct names, got {names}")
         if self.deberta is not None and self.position_type != "deberta":
             raise ValueError(
                 f"ModelConfig.deberta is for position_type='deberta', not {self.position_type!r}"

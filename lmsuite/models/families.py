@@ -230,6 +230,12 @@ def check(config: ModelConfig):
             f"{config.architecture!r}"
         )
     fam = family(config)
+    if config.label_heads and (fam is not ENCODER or config.electra is not None):
+        raise ValueError(
+            "ModelConfig.label_heads are heads of a plain encoder (not ELECTRA's pretrainer); "
+            f"architecture {config.architecture!r} has none, got "
+            f"{[h.name for h in config.label_heads]}"
+        )
     foreign = [h for h in config.heads if h not in fam.heads]
     if foreign:
         raise ValueError(

@@ -83,22 +83,38 @@ class VocabHead(nn.Module):
 class Classifier(nn.Module):
     """The first token's state -> `pooler` (dense + tanh) -> `output` (num_labels logits).
 
-    BERT's NSP, ALBERT's SOP, StructBERT's 3-way pairs and fine-tuning probes all use it.
+    BERT's NSP, ALBERT's SOP, StructBERT's 3-way pairs and fine-tuning probes all use it, as do
+    a multi-task encoder's row-level `LabelHead`s (`num_labels` set: their own arity).
     """
 
     config: ModelConfig
+    num_labels: int | None = None  # default: config.num_labels
 
     @nn.compact
     def __call__(self, x_BLD, *, deterministic=True):
         cfg = self.config
+        labels = cfg.num_labels if self.num_labels is None else self.num_labels
         kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
         pooled_BD = jnp.tanh(
             DenseGeneral((cfg.d_model,), (P.EMBED,), (P.MLP,), name="pooler", **kw)(x_BLD[:, 0])
         )
         pooled_BD = nn.Dropout(cfg.dropout_rate)(pooled_BD, deterministic=deterministic)
-        return DenseGeneral((cfg.num_labels,), (P.EMBED,), (P.TABLE,), name="output", **kw)(
-            pooled_BD
-        )
+        return DenseGeneral((labels,), (P.EMBED,), (P.TABLE,), name="output", **kw)(pooled_BD)
+
+
+class TokenClassifier(nn.Module):
+    """Every token's state -> dropout -> `output` (num_labels logits per token): a multi-task
+    encoder's token-level `LabelHead` (ERNIE 2.0's capitalization and token-document relation)."""
+
+    config: ModelConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, x_BLD, *, deterministic=True):
+        cfg = self.config
+        kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
+        x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
+        return DenseGeneral((self.num_labels,), (P.EMBED,), (P.TABLE,), name="output", **kw)(x_BLD)
 
 
 class ReplacedTokenHead(nn.Module):

@@ -1,9 +1,16 @@
 """The heads every single-stack family may carry, applied to its final states: one place that
-names each head's submodule (`mlm_head`, `lm_head`, `classifier`, `rtd_head`, span boundary)."""
+names each head's submodule (`mlm_head`, `lm_head`, `classifier`, `rtd_head`, span boundary,
+`label_<name>` for each `LabelHead`)."""
 
 from lmsuite.models import span_boundary
 from lmsuite.models.config import ModelConfig
-from lmsuite.models.heads import Classifier, ReplacedTokenHead, VocabHead, gather_positions
+from lmsuite.models.heads import (
+    Classifier,
+    ReplacedTokenHead,
+    TokenClassifier,
+    VocabHead,
+    gather_positions,
+)
 
 
 def head_outputs(
@@ -44,4 +51,8 @@ def head_outputs(
         outputs |= span_boundary.outputs(
             cfg, token_embedder, hidden, spans, initializing=initializing
         )
+    for label in cfg.label_heads:
+        kind = TokenClassifier if label.per_token else Classifier
+        head = kind(config=cfg, num_labels=label.num_labels, name=f"label_{label.name}")
+        outputs[f"{label.name}_logits"] = head(hidden, deterministic=deterministic)
     return outputs

@@ -82,6 +82,8 @@ class Objective:
       prediction_name: how summaries name the predictions ("MLM", "LM", "PLM", "target").
       label_metrics: (accuracy metric, label feature) of each per-row classification term (NSP,
         SOP, sentence structure), compared with the held-out majority label.
+      label_heads: (name, per_token) of each `ModelConfig.label_heads` entry the loss reads
+        (`lmsuite.objectives.labels`): the model must have a LabelHead of that name and kind.
     """
 
     name: str
@@ -100,6 +102,7 @@ class Objective:
     learning_metrics: tuple[str, str]
     prediction_name: str
     label_metrics: tuple[tuple[str, str], ...] = ()
+    label_heads: tuple[tuple[str, bool], ...] = ()
 
     def __post_init__(self):
         declared = set(self.metrics)

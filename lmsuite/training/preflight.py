@@ -317,6 +317,15 @@ def recipe_run_problems(
                 f"{where} needs model heads {list(heads)}; ModelConfig.heads = "
                 f"{tuple(model_config.heads)} lacks {missing_heads}"
             )
+        have = {h.name: h.per_token for h in model_config.label_heads}
+        for name, per_token in recipe.objective.label_heads:
+            kind = "per-token" if per_token else "per-row"
+            if have.get(name) != per_token:
+                out.append(
+                    f"{where} needs a {kind} label head {name!r} (ModelConfig.label_heads = "
+                    f"(@{name}/LabelHead(), ...) with LabelHead.per_token = {per_token}); the "
+                    f"model's label heads are {sorted(have)}"
+                )
         if recipe.token_types == "pairs" and model_config.type_vocab_size < 2:
             out.append(
                 f"{where} feeds two segment types, but ModelConfig.type_vocab_size = "
