@@ -249,7 +249,8 @@ def static_problems(
             for kind, name in _references(statement.value):
                 if kind == "%" and name != "gin.REQUIRED":
                     used_macros.setdefault(name, loc)
-                elif kind == "@" and registry.get_match(name) is None:
+                elif kind == "@" and registry.get_match(name.rsplit("/", 1)[-1]) is None:
+                    # (a scoped reference, @scope/Name, names configurable Name)
                     problem(f"{loc}: unknown configurable @{name}{_nearest(name, known)}")
 
     for name in gin_files:

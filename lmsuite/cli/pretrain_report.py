@@ -123,8 +123,9 @@ def label_lines(objective, held: dict, held_out) -> list[str]:
         right = round(held[key] * rows)
         p_value = report.binomial_upper_tail(right, rows, majority)
         name = metric.removesuffix("_accuracy").replace("_", " ")
+        unit = "tokens" if dict(objective.label_heads).get(label) else "rows"
         lines.append(
-            f"held-out {name} accuracy: {held[key]:.4f} over {rows:,} rows (always the most "
+            f"held-out {name} accuracy: {held[key]:.4f} over {rows:,} {unit} (always the most "
             f"frequent {label}: {majority:.4f}; binomial p = {p_value:.2g})"
         )
     if "eval/rtd_accuracy" in held and "eval/replaced_fraction" in held:

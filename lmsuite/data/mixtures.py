@@ -61,6 +61,20 @@ def task_ids_length(sequence_length: Mapping[str, int], along: Sequence[str]) ->
     return sum(int(sequence_length[f]) for f in along)
 
 
+def _filler(label_fill: Mapping[str, bool]):
+    """Adds each label of `label_fill` (name -> per token) an example lacks, as -1 (none)."""
+
+    def fill(ex):
+        ex = dict(ex)
+        for name, per_token in label_fill.items():
+            if name not in ex:
+                shape = [tf.size(ex["input_ids"])] if per_token else []
+                ex[name] = tf.fill(shape, tf.constant(-1, tf.int32))
+        return ex
+
+    return fill
+
+
 def _tagger(index: int, along: Sequence[str], example_task: bool):
     def tag(ex):
         ex = dict(ex)
@@ -85,8 +99,12 @@ def mixed_examples(
     shard_info: seqio.ShardInfo | None = None,
     along: Sequence[str] = (),
     example_task: bool = False,
+    label_fill: Mapping[str, bool] | None = None,
 ) -> tf.data.Dataset:
     """The examples of mixture `name` sampled at its rates, tagged (see the module docstring).
+
+    `label_fill` (label -> per token) gives every example each label its task lacks, as -1:
+    a multi-task row's tasks each carry their own labels (`lmsuite.objectives.labels`).
 
     Raises:
       ValueError: `name` is not a mixture, no task has `split`, a feature of `along` is missing
@@ -115,6 +133,8 @@ def mixed_examples(
                 f"task {task.name!r} of mixture {name!r} has no feature {missing} to carry task "
                 f"ids along; its examples have {sorted(ds.element_spec)}"
             )
+        if label_fill:
+            ds = ds.map(_filler(label_fill))
         datasets.append(ds.map(_tagger(index[task.name], along, example_task)))
     shared = set.intersection(*(set(ds.element_spec) for ds in datasets))
     datasets = [ds.map(lambda ex, keep=shared: {k: ex[k] for k in keep}) for ds in datasets]
@@ -137,9 +157,22 @@ def get_dataset(
     num_epochs: int | None = None,
     shard_info: seqio.ShardInfo | None = None,
     seed: int | None = None,
+    label_fill: Mapping[str, bool] | None = None,
 ) -> tf.data.Dataset:
     """`seqio.get_dataset` for a task; for a mixture its `mixed_examples` (tagged along `along`;
-    None: untagged) through `feature_converter`, which must then pass `task_ids` through."""
+    None: untagged) through `feature_converter`, which must then pass `task_ids` through.
+    `label_fill` as in `mixed_examples`, for a task too."""
+    if not is_mixture(name) and label_fill:
+        ds = seqio.get_mixture_or_task(name).get_dataset(
+            dict(task_feature_lengths),
+            split=dataset_split,
+            shuffle=shuffle,
+            seed=seed,
+            shard_info=shard_info,
+            num_epochs=num_epochs,
+        )
+        ds = ds.map(_filler(label_fill))
+        return feature_converter(ds, task_feature_lengths=dict(task_feature_lengths))
     if not is_mixture(name):
         return seqio.get_dataset(
             name,
@@ -161,6 +194,7 @@ def get_dataset(
         num_epochs=num_epochs,
         shard_info=shard_info,
         along=along or (),
+        label_fill=label_fill,
     )
     lengths = dict(task_feature_lengths)
     if along:

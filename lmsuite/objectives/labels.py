@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 import jax.numpy as jnp
 
 from lmsuite.objectives.base import Objective, TermSums, token_cross_entropy, total_weight
+from lmsuite.objectives.mlm import mlm as objectives_mlm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,5 +98,20 @@ def with_labels(
         term_weights={**base.term_weights, **weights},
         features=(*base.features, *names),
         metrics=(*base.metrics, *added),
+        label_metrics=(*base.label_metrics, *((f"{n}_accuracy", n) for n in names)),
         label_heads=(*base.label_heads, *((label.name, label.per_token) for label in labels)),
     )
+
+
+def mlm_with_labels(
+    *,
+    labels: Sequence[str] = (),
+    token_labels: Sequence[str] = (),
+    label_weights: Mapping[str, float] | None = None,
+    token_type_ids: str | None = "token_type_ids",
+) -> Objective:
+    """Masked LM plus a term per row label (`labels`) and per token label (`token_labels`):
+    the loss of a multi-task encoder row (`recipes.RECIPES["mlm_multitask"]`)."""
+    heads = [Label(n) for n in labels] + [Label(n, per_token=True) for n in token_labels]
+    base = objectives_mlm(token_type_ids=token_type_ids)
+    return with_labels(base, heads, weights=label_weights)

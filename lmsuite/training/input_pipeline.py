@@ -40,6 +40,7 @@ def process_dataset(
     input_sharding: str = "source",
     rows_task: Callable[[str, int], str] | None = None,
     task_ids_along: Sequence[str] | None = None,
+    label_fill: Mapping[str, bool] | None = None,
 ) -> tf.data.Dataset:
     """This process's batches of `task`, after `skip_batches` global batches.
 
@@ -56,6 +57,7 @@ def process_dataset(
 
     A mixture's examples come from `mixtures.get_dataset`: every feature its tasks share, and
     with `task_ids_along` their per-token task ids (the feature converter must pass them).
+    `label_fill`: the labels of a multi-task row, -1 where an example's task lacks one.
 
     Example: 2 processes, global batch 8 -> each yields dicts of (4, ...) numpy-ready tensors;
     "source": process 0 reads SeqIO shard 0 of 2; "replicated": process 1 keeps rows 4-7.
@@ -78,6 +80,7 @@ def process_dataset(
         task_feature_lengths=dict(sequence_length),
         feature_converter=feature_converter,
         along=task_ids_along,
+        label_fill=label_fill,
         dataset_split=split,
         shuffle=shuffle,
         num_epochs=None if repeat else 1,
@@ -125,6 +128,7 @@ def eval_dataset(
     input_sharding: str = "source",
     rows_task: Callable[[str, int], str] | None = None,
     task_ids_along: Sequence[str] | None = None,
+    label_fill: Mapping[str, bool] | None = None,
 ) -> tf.data.Dataset:
     """The held-out batches periodic evaluation reads: `split` in order, unshuffled, one pass,
     the first `batches` batches (fewer if the split is smaller)."""
@@ -139,6 +143,7 @@ def eval_dataset(
         input_sharding=input_sharding,
         rows_task=rows_task,
         task_ids_along=task_ids_along,
+        label_fill=label_fill,
     ).take(batches)
 
 

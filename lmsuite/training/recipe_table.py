@@ -15,7 +15,8 @@ def _converter_name(recipe: recipes.Recipe, pack: bool) -> str:
 
 
 def _loss_name(recipe: recipes.Recipe) -> str:
-    return f"{recipe.loss.__module__.rsplit('.', 1)[-1]}.{recipe.loss.__name__}"
+    loss = getattr(recipe.loss, "func", recipe.loss)  # a functools.partial: its function
+    return f"{loss.__module__.rsplit('.', 1)[-1]}.{loss.__name__}"
 
 
 def format_list() -> str:

@@ -35,12 +35,15 @@ from lmsuite.models import ModelConfig
 from lmsuite.models import electra as electra_model
 from lmsuite.objectives import Objective, per_task, seq2seq
 from lmsuite.objectives import electra as electra_loss
+from lmsuite.objectives import labels as labels_loss
 from lmsuite.objectives import structbert as structbert_loss
 from lmsuite.objectives import unilm as unilm_loss
 from lmsuite.training import recipe_checks, structure_checks
 from lmsuite.training.recipe_types import DataOnly, Recipe
 
 ENCODER_MLM_FEATURES = ("input_ids", "masked_positions", "masked_ids", "masked_weights")
+# The per-row labels `mlm_multitask` trains, one LabelHead each (-1 where a task lacks one).
+MULTITASK_LABELS = ("next_sentence_label", "sentence_order_label", "sentence_relation_label")
 
 
 def _mlm_lengths(length: int) -> dict[str, int]:
@@ -309,6 +312,28 @@ RECIPES: dict[str, Recipe] = {
             "trained from scratch, not from BERT-Large",
         ),
         Recipe(
+            name="mlm_multitask",
+            summary="masked LM + a head per sentence-level task of a mixture (NSP 2-way, SOP "
+            "2-way, StructBERT's sentence structure 3-way): each example trains the MLM and "
+            "its own task's head",
+            task_objectives=("bert_mlm_nsp", "albert_sop", "structbert", "bert_mlm", "wwm"),
+            length_keys=("input_ids", "masked_ids"),
+            lengths_for=_mlm_lengths,
+            task_features=ENCODER_MLM_FEATURES,
+            converter=_encoder_mlm(labels=MULTITASK_LABELS),
+            pack=False,
+            loss=functools.partial(labels_loss.mlm_with_labels, labels=MULTITASK_LABELS),
+            architectures=("encoder",),
+            token_types="pairs",
+            example_model="bert_multitask_tiny",
+            task_ids_along=("masked_ids",),
+            reference="the rows of bert_mlm_nsp, albert_sop and structbert, trained jointly "
+            "as a SeqIO mixture ({corpus}_mlm_multitask_mixture)",
+            differences="one encoder, one pooler + classifier per task (the single-task rows "
+            "share one classifier); a label term averages over the examples of its task; "
+            "StructBERT's word structure is not trained here",
+        ),
+        Recipe(
             name="structbert",
             summary="StructBERT: masked LM + trigram word structure (through the MLM head) + "
             "3-way sentence structure (next / previous / other document)",
@@ -429,7 +454,8 @@ def make_recipe(
     if unknown:
         raise ValueError(
             f"recipe {name!r}: loss option(s) {unknown} are not options of its loss "
-            f"{recipe.loss.__module__}.{recipe.loss.__name__}; expected some of {valid}"
+            f"{getattr(recipe.loss, 'func', recipe.loss).__module__}."
+            f"{getattr(recipe.loss, 'func', recipe.loss).__name__}; expected some of {valid}"
         )
     pack = recipe.pack if pack is None else bool(pack)
     if pack and not recipe.can_pack():

@@ -267,18 +267,20 @@ def plot_loss_curve(
 
 
 def label_majority(batches: Iterable[Mapping[str, np.ndarray]], *, label: str) -> tuple[float, int]:
-    """(share of the most frequent value of the per-row `label`, number of rows) over batches:
+    """(share of the most frequent value of `label`, number of labelled entries) over batches:
     the accuracy of a classifier that ignores its input (NSP, SOP: about 1/2; StructBERT's
-    sentence structure: about 1/3). Every row counts, as the loss's denominator counts them.
+    sentence structure: about 1/3). Every labelled row (or token) counts, as the loss's
+    denominator counts them; -1 marks an entry a multi-task example's task does not label.
 
-    >>> label_majority([{"y": np.array([1, 0, 1, 1])}], label="y")
+    >>> label_majority([{"y": np.array([1, 0, 1, 1, -1])}], label="y")
     (0.75, 4)
     """
     counts: np.ndarray = np.zeros(1)
     for batch in batches:
         if label not in batch:
             raise ValueError(f"the batches carry no {label!r}; they have {sorted(batch)}")
-        row = np.bincount(np.asarray(batch[label]).ravel().astype(np.int64))
+        values = np.asarray(batch[label]).ravel().astype(np.int64)
+        row = np.bincount(values[values >= 0])
         size = max(len(counts), len(row))
         counts = np.pad(counts, (0, size - len(counts))) + np.pad(row, (0, size - len(row)))
     total = int(counts.sum())

@@ -205,6 +205,7 @@ class DataConfig(_Group):
             input_sharding=self.input_sharding,
             rows_task=recipe.recipe.rows_task,
             task_ids_along=recipe.task_ids_along,
+            label_fill=dict(recipe.objective.label_heads) or None,
         )
 
 

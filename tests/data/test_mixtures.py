@@ -197,3 +197,30 @@ def test_tasks_show_heads_each_mixture_example_with_its_task(seq2seq_mixture):
     assert text.startswith(f"mixture {name} (validation")
     shown = [line.removeprefix("task: ") for line in text.splitlines() if line.startswith("task:")]
     assert len(shown) == 6 and set(shown) <= set(names)
+
+
+def test_label_fill_gives_each_example_only_its_own_tasks_labels(tiny_vocab):
+    """A multi-task row's labels: the NSP task's examples carry next_sentence_label and -1 for
+    the SOP label, and the other way round; token labels are -1 on every token."""
+    names = _register(tiny_vocab, "test_labels_mix", ("bert_mlm_nsp", "albert_sop"), (1.0, 1.0))
+    try:
+        dataset = mixtures.mixed_examples(
+            "test_labels_mix", sequence_length={"input_ids": 64, "masked_ids": 10},
+            split="validation", shuffle=False, example_task=True,
+            label_fill={"next_sentence_label": False, "sentence_order_label": False,
+                        "capital": True},
+        )  # fmt: skip
+        seen = set()
+        for ex in dataset.take(40).as_numpy_iterator():
+            task = mixtures.task_names("test_labels_mix")[ex[mixtures.TASK_INDEX]]
+            own, other = ("next_sentence_label", "sentence_order_label")[
+                :: 1 if "nsp" in task else -1
+            ]
+            assert ex[own] in (0, 1) and ex[other] == -1, (task, ex[own], ex[other])
+            assert ex["capital"].shape == ex["input_ids"].shape and set(ex["capital"]) == {-1}
+            seen.add(task)
+        assert seen == set(names)
+    finally:
+        seqio.MixtureRegistry.remove("test_labels_mix")
+        for task in names:
+            seqio.TaskRegistry.remove(task)

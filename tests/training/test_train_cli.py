@@ -300,8 +300,8 @@ def test_a_known_task_of_another_objective_points_at_its_recipe(capsys, tmp_path
     )
     assert len(errors) == 1, errors
     assert (
-        "'wiki_sample_albert_sop' is a 'albert_sop' task; recipe(s) ['albert_sop'] train it"
-        in errors[0]
+        "'wiki_sample_albert_sop' is a 'albert_sop' task; recipe(s) ['albert_sop', "
+        "'mlm_multitask'] train it" in errors[0]
     )
 
 
