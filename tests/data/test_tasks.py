@@ -90,7 +90,8 @@ def _check(objective, spec, example):
         ids = example["input_ids"].numpy()
         assert ids[0] == vocab_lib.CLS_ID and vocab_lib.SEP_ID in ids and len(ids) <= 64
         weights = example["masked_weights"].numpy()
-        assert weights.sum() >= 1
+        # ERNIE selects each unit with p 0.15 and no budget: a short row may get no prediction.
+        assert weights.sum() >= 1 or objective.startswith("ernie")
         positions = example["masked_positions"].numpy()[weights > 0]
         assert (positions > 0).all() and (positions < len(ids)).all()
         predicted = set(example["masked_ids"].numpy()[weights > 0].tolist())

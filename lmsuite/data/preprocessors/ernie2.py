@@ -280,8 +280,8 @@ def _distance_pairs(features, *, seed, probs, max_seq_length, cls_id, sep_id):
     draws = tf.random.stateless_uniform([3, n], seed)
     cumulative = tf.constant(np.cumsum(probs)[:-1], tf.float32)
     label = tf.reduce_sum(tf.cast(draws[0][:, None] >= cumulative[None, :], tf.int32), axis=1)
-    r = tf.minimum(tf.cast(draws[1] * tf.cast(before + after, tf.float32), tf.int32),
-                   before + after - 1)  # fmt: skip
+    count = before + after
+    r = tf.minimum(tf.cast(draws[1] * tf.cast(count, tf.float32), tf.int32), count - 1)
     far = tf.where(r < before, r, r - before + first + 2)
     other_index = tf.minimum(
         tf.cast(draws[2] * tf.cast(num_other, tf.float32), tf.int32), num_other - 1
