@@ -351,7 +351,13 @@ OBJECTIVES: dict[str, TaskObjective] = {
         ),
         # ERNIE 2.0's word- and structure-aware tasks, each with word-unit ERNIE masking.
         *[
-            TaskObjective(f"ernie2_{task}", ENCODER, _ernie2_steps(task), languages=("en",))
+            TaskObjective(
+                f"ernie2_{task}",
+                ENCODER,
+                _ernie2_steps(task),
+                # Chinese has no case; the other tasks read the corpus segmentation's words.
+                languages=("en",) if task == "capitalization" else ("en", "zh"),
+            )
             for task in ERNIE2_TASKS
         ],
         TaskObjective(
