@@ -9,12 +9,14 @@ import functools
 from collections.abc import Callable, Mapping
 
 import seqio
+import tensorflow as tf
 
 from lmsuite.data import tokenization
 from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import (
     bart,
     ernie,
+    ernie2,
     instances,
     lm,
     mass,
@@ -38,6 +40,7 @@ PAIR_SEED = 0
 # constant 20 (its pretraining runs use max_seq_length 512), not scaled with the length.
 ALBERT_MAX_PREDICTIONS = 20
 MASKINGS = ("bert", "electra", "albert", "ernie")
+ERNIE2_TASKS = ("capitalization", "token_document", "sentence_reordering", "sentence_distance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +153,59 @@ def _ernie(dataset, sequence_length, *, vocab, level):
         sep_id=ids.sep,
         max_seq_length=length,
     )
+
+
+def _ernie2_rows(dataset, sequence_length, *, vocab, task):
+    """ERNIE 2.0's rows for `task` (see `preprocessors/ernie2.py`), before masking."""
+    length = encoder_length(sequence_length)
+    ids = vocab_lib.special_ids(vocab)
+    if task == "sentence_distance":
+        return ernie2.sentence_distance_pairs(
+            dataset, seed=PAIR_SEED, max_seq_length=length, cls_id=ids.cls, sep_id=ids.sep
+        )
+    if task == "sentence_reordering":  # [CLS] and one [SEP] per segment
+        passages = ernie2.document_passages(dataset, max_tokens=length - 1 - ernie2.MAX_SEGMENTS)
+        return passages.map(
+            lambda ex: {k: v for k, v in ex.items() if k != "sentence_token_document"}
+        )
+    rows = ernie2.document_passages(dataset, max_tokens=length - 2).map(
+        functools.partial(ernie2.single_segment_row, cls_id=ids.cls, sep_id=ids.sep)
+    )
+    if task == "token_document":
+        return rows
+    upper, bare = (tf.constant(t) for t in ernie2.capital_tables(vocab))
+
+    def capitalization(ex):
+        ex = {k: v for k, v in ex.items() if k != ernie2.TOKEN_DOCUMENT_KEY}
+        labels = ernie2.capitalization_labels(
+            ex["input_ids"], ex["word_starts"], upper=upper, bare=bare
+        )
+        return {**ex, ernie2.CAPITALIZATION_KEY: labels}
+
+    return rows.map(capitalization)
+
+
+def _ernie2_masked(dataset, sequence_length, *, vocab, task):
+    spec = _spec(vocab, sequence_length, masking="ernie")
+    if task == "sentence_reordering":
+        ids = vocab_lib.special_ids(vocab)
+        return mlm.dynamic_masking(
+            dataset, mask_fn=ernie2.reorder_and_mask, spec=spec, cls_id=ids.cls, sep_id=ids.sep
+        )
+    return mlm.dynamic_masking(dataset, mask_fn=ernie2.mask_words, spec=spec)
+
+
+def _ernie2_steps(task):
+    """Sentences -> ERNIE 2.0's rows for `task` -> word-unit ERNIE masking."""
+
+    def steps(vocab):
+        return [
+            *_sents(vocab),
+            functools.partial(_ernie2_rows, vocab=vocab, task=task),
+            functools.partial(_ernie2_masked, vocab=vocab, task=task),
+        ]
+
+    return steps
 
 
 def _structbert_mlm(dataset, sequence_length, *, vocab):
@@ -293,6 +349,17 @@ OBJECTIVES: dict[str, TaskObjective] = {
             lambda vocab: [functools.partial(_ernie, vocab=vocab, level="entity")],
             languages=("zh",),
         ),
+        # ERNIE 2.0's word- and structure-aware tasks, each with word-unit ERNIE masking.
+        *[
+            TaskObjective(
+                f"ernie2_{task}",
+                ENCODER,
+                _ernie2_steps(task),
+                # Chinese has no case; the other tasks read the corpus segmentation's words.
+                languages=("en",) if task == "capitalization" else ("en", "zh"),
+            )
+            for task in ERNIE2_TASKS
+        ],
         TaskObjective(
             "t5_span_corruption",
             SEQ2SEQ,

@@ -3,7 +3,8 @@
 `import lmsuite.data.tasks` registers, without downloading or training anything (sources and
 vocabularies are lazy), one task per (pretraining corpus, objective), e.g.
 `wiki_sample_bert_mlm`, `shakespeare_t5_span_corruption`, `peoples_daily_ernie` (ERNIE is
-Chinese only; every other objective also runs on peoples_daily's segmentation), the probe
+Chinese only, ERNIE 2.0's capitalization English only; every other objective also runs on
+peoples_daily's segmentation), the probe
 tasks `{corpus}_probe_vader_sentiment` / `{corpus}_probe_trec_questions` (English corpora,
 tokenized with that corpus's vocabulary), and mixtures of objectives that share features
 (`{corpus}_seq2seq_mixture`, `{corpus}_encoder_mlm_mixture`, `{corpus}_mlm_multitask_mixture`,

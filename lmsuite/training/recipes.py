@@ -385,8 +385,18 @@ RECIPES: dict[str, Recipe] = {
     ]
 }
 
-# Every task objective has a row today; a new objective's data may land here first.
-DATA_ONLY: dict[str, DataOnly] = {}
+# A new objective's data may land here first, with the converter that carries its features.
+_ERNIE2_REASON = "is trained by the ERNIE 2.0 multi-task row, which lands next"
+_ERNIE2_FEATURES = {
+    "ernie2_capitalization": {"token_labels": ("capitalization_labels",)},
+    "ernie2_token_document": {"token_labels": ("token_document_labels",)},
+    "ernie2_sentence_reordering": {"labels": ("sentence_reordering_label",)},
+    "ernie2_sentence_distance": {"labels": ("sentence_distance_label",)},
+}
+DATA_ONLY: dict[str, DataOnly] = {
+    name: DataOnly(name, _ERNIE2_REASON, _encoder_mlm(**features), _mlm_lengths)
+    for name, features in _ERNIE2_FEATURES.items()
+}
 
 
 # ------------------------------------------------------------------------------- choosing
