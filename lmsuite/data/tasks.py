@@ -8,7 +8,7 @@ peoples_daily's segmentation), the probe
 tasks `{corpus}_probe_vader_sentiment` / `{corpus}_probe_trec_questions` (English corpora,
 tokenized with that corpus's vocabulary), and mixtures of objectives that share features
 (`{corpus}_seq2seq_mixture`, `{corpus}_encoder_mlm_mixture`, `{corpus}_mlm_multitask_mixture`,
-`wikipedia_c4_{objective}`).
+`{corpus}_ernie2_mixture`, `wikipedia_c4_{objective}`).
 The production corpora (`wikipedia`, `c4`) use the wiki_sample vocabulary by default.
 Tasks over the user's own text files (`text_files.register_text_task`) are built by the same
 `corpus_task`, so an objective runs the same steps whatever its source.
@@ -232,6 +232,9 @@ def register_all() -> list[str]:
         _add_mixture(
             f"{corpus}_encoder_mlm_mixture", [f"{corpus}_{o}" for o in ("bert_mlm", "wwm")]
         )
+        # ERNIE 2.0's tasks (capitalization is English only), recipe `ernie2`.
+        ernie2 = [f"{corpus}_{o}" for o in OBJECTIVES if o.startswith("ernie2_")]
+        _add_mixture(f"{corpus}_ernie2_mixture", [t for t in ernie2 if t in PRETRAINING_TASKS])
         # Three sentence-level tasks for one multi-task encoder (recipe `mlm_multitask`).
         _add_mixture(
             f"{corpus}_mlm_multitask_mixture",
