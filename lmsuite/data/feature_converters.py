@@ -15,6 +15,7 @@ EncoderMlmFeatureConverter, task lengths {"input_ids": L, "masked_ids": P}:
   masked_positions, masked_ids            int32 [P], masked_weights float32 [P]
   each of `span_features`                 int32 [P]  (SpanBERT's span_left_positions, ...)
   each of `labels`                        int32 []   (next_sentence_label, unilm_mode, ...)
+  each of `sequence_features`             int32 [L]  (PMLM's position_ids, pmlm_step, ...)
 ClassificationFeatureConverter, task lengths {"input_ids": L}:
   input_ids, token_type_ids, input_mask int32 [L]; label int32 []
 MassFeatureConverter, task lengths {"inputs": L, "targets": M} (the task's decoder_input_tokens
@@ -133,6 +134,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         *,
         labels: Sequence[str] = (),
         span_features: Sequence[str] = (),
+        sequence_features: Sequence[str] = (),
         pack: bool = False,
         **kwargs,
     ):
@@ -140,6 +142,11 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
             raise ValueError(
                 f"{type(self).__name__} cannot pack examples with sentence-level labels "
                 f"{tuple(labels)} (one label per row); got pack=True"
+            )
+        if pack and sequence_features:
+            raise ValueError(
+                f"{type(self).__name__} cannot pack examples with per-token features "
+                f"{tuple(sequence_features)} (they index one row); got pack=True"
             )
         # SeqIO's length checks are two more maps per example; `_convert_features` checks
         # every padded feature itself instead, in one Assert, and its outputs have static
@@ -149,8 +156,10 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         self._labels, self._span_features = tuple(labels), tuple(span_features)
         if mixtures.TASK_IDS in self._span_features:  # its length comes with the task lengths
             self.TASK_FEATURES = {**type(self).TASK_FEATURES, mixtures.TASK_IDS: _Spec(tf.int32)}
+        self._sequence_features = tuple(sequence_features)
         self.MODEL_FEATURES = {
             **type(self).MODEL_FEATURES,
+            **{name: _Spec(dtype=tf.int32) for name in self._sequence_features},
             **{name: _Spec(dtype=tf.int32) for name in self._span_features},
             **{name: _Spec(dtype=tf.int32, rank=0) for name in self._labels},
         }
@@ -163,6 +172,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
             )
 
         limits = {"input_ids": length, "token_type_ids": length}
+        limits.update({name: length for name in self._sequence_features})
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights")
         limits.update({name: predictions for name in (*prediction_keys, *self._span_features)})
 
@@ -175,6 +185,8 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
             out["masked_weights"] = _pad(ex["masked_weights"], predictions, tf.float32)
             for name in self._span_features:
                 out[name] = _pad(ex[name], predictions, tf.int32)
+            for name in self._sequence_features:
+                out[name] = _pad(ex[name], length, tf.int32)
             for name in self._labels:
                 out[name] = tf.cast(ex[name], tf.int32)
             return out
@@ -184,6 +196,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
     def get_model_feature_lengths(self, task_feature_lengths):
         length, predictions = task_feature_lengths["input_ids"], task_feature_lengths["masked_ids"]
         lengths = {k: length for k in ("input_ids", "token_type_ids", "input_mask")}
+        lengths.update({k: length for k in self._sequence_features})
         if self.pack:
             lengths.update({k: length for k in self.PACKING_FEATURE_DTYPES})
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights", *self._span_features)
@@ -313,6 +326,7 @@ def with_task_ids(converter: seqio.FeatureConverter) -> seqio.FeatureConverter:
         return EncoderMlmFeatureConverter(
             labels=converter._labels,
             span_features=(*converter._span_features, mixtures.TASK_IDS),
+            sequence_features=converter._sequence_features,
             pack=converter.pack,
         )
     raise ValueError(
