@@ -20,7 +20,7 @@ LENGTHS = {
     tasks.PERMUTATION: {"input_k": 64},
 }
 FAST = ["bert_mlm", "wwm", "spanbert", "electra", "t5_span_corruption", "iid_denoising",
-        "prefix_lm", "causal_lm", "mass", "unilm", "xlnet_plm"]  # fmt: skip
+        "prefix_lm", "causal_lm", "mass", "unilm", "xlnet_plm", "unilm2"]  # fmt: skip
 SLOW = ["bert_mlm_nsp", "albert_sop", "structbert", "bart_denoising", "ernie"]
 
 
@@ -32,7 +32,7 @@ def test_registration_is_offline_and_lazy(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert int(result.stdout.split()[0]) == 5 * 15 + 1 + 4
+    assert int(result.stdout.split()[0]) == 5 * 16 + 1 + 4
     assert list(tmp_path.iterdir()) == []  # nothing downloaded, nothing trained
 
 
@@ -102,8 +102,11 @@ def _check(objective, spec, example):
 def test_objective_yields_examples(objective, tiny_vocab):
     spec, example = _first_example(objective, tiny_vocab)
     _check(objective, spec, example)
-    if tasks.OBJECTIVES[objective].needs_sentinels:
-        assert example["targets"].numpy()[0] == vocab_lib.special_ids(tiny_vocab).sentinels[0]
+    sentinel = vocab_lib.special_ids(tiny_vocab).sentinels[0]
+    if objective == "unilm2":  # PMLM's pseudo token [P] is the first sentinel
+        assert sentinel in example["input_ids"].numpy()
+    elif tasks.OBJECTIVES[objective].needs_sentinels:
+        assert example["targets"].numpy()[0] == sentinel
 
 
 @pytest.mark.parametrize("objective", ["wwm", "t5_span_corruption"])
