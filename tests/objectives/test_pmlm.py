@@ -10,8 +10,10 @@ import pytest
 import seqio
 import tensorflow as tf
 
+from lmsuite import cli
 from lmsuite.data import feature_converters
 from lmsuite.data.preprocessors import pmlm as pmlm_data
+from lmsuite.models import Transformer
 from lmsuite.objectives import pmlm
 
 CLS, SEP, MASK, PSEUDO = 2, 3, 4, 999
@@ -126,3 +128,30 @@ def test_loss_scores_ae_and_par_halves_and_feeds_the_mask():
         objective.model_inputs({**batch, "segment_ids": batch["input_mask"]})
     with pytest.raises(ValueError, match=r"2 x \d+ positions"):
         objective.terms({"mlm_logits": right}, batch)
+
+
+def test_through_the_model_no_prediction_reads_an_original_it_must_not_see():
+    """bert_tiny under the objective's inputs: changing every copied original leaves the AE
+    logits and the first step's PAR logits as they were, and moves a later step's."""
+    config = cli.model_config_from_gin(
+        ["models/bert_tiny.gin"], ["ModelConfig.vocab_size = 1000", "ModelConfig.max_length = 64"]
+    )
+    model = Transformer(config)
+    batch = {k: jnp.asarray(v[:8]) for k, v in _batch().items()}
+    objective = pmlm.pmlm()
+    inputs = objective.model_inputs(batch)
+    params = jax.jit(lambda rng: model.init(rng, **inputs))(jax.random.PRNGKey(0))["params"]
+    logits = jax.jit(lambda ids: model.apply({"params": params}, **(inputs | {"input_ids": ids})))
+    copies = (batch["pmlm_step"] > 0) & (batch["pmlm_pseudo"] == 0)
+    before = np.asarray(logits(batch["input_ids"])["mlm_logits"])
+    after = np.asarray(logits(jnp.where(copies, 7, batch["input_ids"]))["mlm_logits"])
+    width = batch["masked_ids"].shape[1]
+    real = np.asarray(batch["masked_weights"]) > 0
+    par_step = np.take_along_axis(
+        np.asarray(batch["pmlm_step"]), np.asarray(batch[pmlm_data.PSEUDO_POSITIONS]), axis=1
+    )
+    moved = np.abs(after - before).max(axis=-1)
+    assert (moved[:, :width][real] == 0).all()  # AE: [M] sees no appended token
+    assert (moved[:, width:][real & (par_step == 1)] == 0).all()  # step 1: no copy is earlier
+    later = real & (par_step >= 2)
+    assert later.sum() >= 4 and (moved[:, width:][later] > 0).all()
