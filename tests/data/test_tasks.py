@@ -238,7 +238,7 @@ def test_every_registered_pretraining_task_yields_an_example(
 ):
     from lmsuite.data.corpora import production
 
-    assert len(tasks.PRETRAINING_TASKS) == 5 * 15 + 1
+    assert len(tasks.PRETRAINING_TASKS) == 5 * 16 + 1
     monkeypatch.setattr(production.TfdsCorpus, "source", _fake_tfds_source)
     for name, (corpus, objective) in sorted(tasks.PRETRAINING_TASKS.items()):
         vocab = tiny_zh_vocab if corpus == "peoples_daily" else tiny_vocab
