@@ -32,7 +32,8 @@ def test_registration_is_offline_and_lazy(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert int(result.stdout.split()[0]) == 5 * 16 + 1 + 4
+    # 17 objectives besides ERNIE (txl_lm and unilm2 included) on 5 corpora, then ERNIE and 4 more
+    assert int(result.stdout.split()[0]) == 5 * 17 + 1 + 4
     assert list(tmp_path.iterdir()) == []  # nothing downloaded, nothing trained
 
 
@@ -238,7 +239,7 @@ def test_every_registered_pretraining_task_yields_an_example(
 ):
     from lmsuite.data.corpora import production
 
-    assert len(tasks.PRETRAINING_TASKS) == 5 * 16 + 1
+    assert len(tasks.PRETRAINING_TASKS) == 5 * 17 + 1
     monkeypatch.setattr(production.TfdsCorpus, "source", _fake_tfds_source)
     for name, (corpus, objective) in sorted(tasks.PRETRAINING_TASKS.items()):
         vocab = tiny_zh_vocab if corpus == "peoples_daily" else tiny_vocab
