@@ -29,6 +29,7 @@ EXPERIMENTS = (
     "electra_tiny",
     "unilm_tiny",
     "tupe_tiny",
+    "unilm2_tiny",
 )
 _MLM = re.compile(r"held-out MLM cross-entropy: ([\d.]+) nats \(unigram .*: ([\d.]+)\)")
 _ACC = re.compile(r"held-out MLM accuracy: ([\d.]+) \(always .*: ([\d.]+)\)")

@@ -16,6 +16,7 @@ EncoderMlmFeatureConverter, task lengths {"input_ids": L, "masked_ids": P}:
   each of `span_features`                 int32 [P]  (SpanBERT's span_left_positions, ...)
   each of `labels`                        int32 []   (next_sentence_label, unilm_mode, ...)
   each of `token_labels`                  int32 [L]  (a class per token, -1: none; padding -1)
+  each of `sequence_features`             int32 [L]  (PMLM's position_ids, pmlm_step, ...)
 ClassificationFeatureConverter, task lengths {"input_ids": L}:
   input_ids, token_type_ids, input_mask int32 [L]; label int32 []
 MassFeatureConverter, task lengths {"inputs": L, "targets": M} (the task's decoder_input_tokens
@@ -135,6 +136,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         labels: Sequence[str] = (),
         span_features: Sequence[str] = (),
         token_labels: Sequence[str] = (),
+        sequence_features: Sequence[str] = (),
         pack: bool = False,
         **kwargs,
     ):
@@ -143,6 +145,11 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
                 f"{type(self).__name__} cannot pack examples with sentence-level or token "
                 f"labels {(*labels, *token_labels)} (one label per row, or per row position); "
                 "got pack=True"
+            )
+        if pack and sequence_features:
+            raise ValueError(
+                f"{type(self).__name__} cannot pack examples with per-token features "
+                f"{tuple(sequence_features)} (they index one row); got pack=True"
             )
         # SeqIO's length checks are two more maps per example; `_convert_features` checks
         # every padded feature itself instead, in one Assert, and its outputs have static
@@ -153,8 +160,10 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
         self._token_labels = tuple(token_labels)
         if mixtures.TASK_IDS in self._span_features:  # its length comes with the task lengths
             self.TASK_FEATURES = {**type(self).TASK_FEATURES, mixtures.TASK_IDS: _Spec(tf.int32)}
+        self._sequence_features = tuple(sequence_features)
         self.MODEL_FEATURES = {
             **type(self).MODEL_FEATURES,
+            **{name: _Spec(dtype=tf.int32) for name in self._sequence_features},
             **{name: _Spec(dtype=tf.int32) for name in self._span_features},
             **{name: _Spec(dtype=tf.int32, rank=0) for name in self._labels},
             **{name: _Spec(dtype=tf.int32) for name in self._token_labels},
@@ -169,6 +178,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
 
         limits = {"input_ids": length, "token_type_ids": length}
         limits.update({name: length for name in self._token_labels})
+        limits.update({name: length for name in self._sequence_features})
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights")
         limits.update({name: predictions for name in (*prediction_keys, *self._span_features)})
 
@@ -181,6 +191,8 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
             out["masked_weights"] = _pad(ex["masked_weights"], predictions, tf.float32)
             for name in self._span_features:
                 out[name] = _pad(ex[name], predictions, tf.int32)
+            for name in self._sequence_features:
+                out[name] = _pad(ex[name], length, tf.int32)
             for name in self._labels:
                 out[name] = tf.cast(ex[name], tf.int32)
             for name in self._token_labels:  # -1 (no label) on the padding too
@@ -192,6 +204,7 @@ class EncoderMlmFeatureConverter(seqio.FeatureConverter):
     def get_model_feature_lengths(self, task_feature_lengths):
         length, predictions = task_feature_lengths["input_ids"], task_feature_lengths["masked_ids"]
         lengths = {k: length for k in ("input_ids", "token_type_ids", "input_mask")}
+        lengths.update({k: length for k in self._sequence_features})
         if self.pack:
             lengths.update({k: length for k in self.PACKING_FEATURE_DTYPES})
         prediction_keys = ("masked_positions", "masked_ids", "masked_weights", *self._span_features)
@@ -323,6 +336,7 @@ def with_task_ids(converter: seqio.FeatureConverter) -> seqio.FeatureConverter:
             labels=converter._labels,
             span_features=(*converter._span_features, mixtures.TASK_IDS),
             token_labels=converter._token_labels,
+            sequence_features=converter._sequence_features,
             pack=converter.pack,
         )
     raise ValueError(

@@ -22,6 +22,7 @@ from lmsuite.data.preprocessors import (
     mass,
     mlm,
     ngram,
+    pmlm,
     sentence_pairs,
     span_corruption,
     spanbert,
@@ -260,6 +261,19 @@ def _unilm(dataset, sequence_length, *, vocab):
     )
 
 
+def _pmlm(dataset, sequence_length, *, vocab):
+    ids = vocab_lib.special_ids(vocab)
+    return pmlm.pmlm(
+        dataset,
+        sequence_length=sequence_length,
+        cls_id=ids.cls,
+        sep_id=ids.sep,
+        mask_id=ids.mask,
+        # The vocabulary has no [P] piece: the first sentinel <extra_id_0> plays it.
+        pseudo_id=ids.sentinels[0],
+    )
+
+
 def _xlnet(dataset, sequence_length, *, vocab, stream=None):
     ids = vocab_lib.special_ids(vocab)  # </s> plays <eod>; xlnet.stream_task binds `stream`
     return xlnet.permutation_lm(
@@ -393,6 +407,13 @@ OBJECTIVES: dict[str, TaskObjective] = {
         ),
         TaskObjective(
             "unilm", ENCODER, lambda vocab: [*_docs(vocab), functools.partial(_unilm, vocab=vocab)]
+        ),
+        # UniLMv2's pseudo-masked LM: [CLS] x-with-[M] [SEP] + per step [P]s and the originals.
+        TaskObjective(
+            "unilm2",
+            ENCODER,
+            lambda vocab: [*_docs(vocab), functools.partial(_pmlm, vocab=vocab)],
+            needs_sentinels=True,
         ),
         TaskObjective(
             "xlnet_plm",

@@ -16,6 +16,7 @@ Tasks over the user's own text files (`text_files.register_text_task`) are built
 Sequence lengths come from SeqIO at `get_dataset` time:
   encoder objectives:  {"input_ids": L}            ([CLS] ... [SEP], MLM features; unilm too),
                        optionally "masked_ids": P, the padded number of predictions
+                       (unilm2: L counts the 2 x P appended [P] and copied slots too)
   seq2seq objectives:  {"inputs": L, "targets": M} (span corruption, iid, prefix LM, BART, MASS)
   decoder objectives:  {"targets": L}              (causal LM)
   permutation LM:      {"input_k": L}              (XLNet, one stream; B rows: xlnet.stream_task)

@@ -29,7 +29,8 @@ def format_list() -> str:
                 ", ".join(recipe.task_objectives),
                 _converter_name(recipe, recipe.pack),
                 _loss_name(recipe),
-                f"{'/'.join(recipe.architectures)} [{', '.join(recipe.objective.heads)}]",
+                f"{'/'.join(recipe.architectures)} [{', '.join(recipe.objective.heads)}]"
+                + (f" + {n} label heads" if (n := len(recipe.objective.label_heads)) else ""),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

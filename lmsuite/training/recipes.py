@@ -32,12 +32,14 @@ from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import ernie2 as ernie2_data
 from lmsuite.data.preprocessors import mass, span_corruption, spanbert
 from lmsuite.data.preprocessors import mlm as mlm_lib
+from lmsuite.data.preprocessors import pmlm as pmlm_data
 from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig
 from lmsuite.models import electra as electra_model
 from lmsuite.objectives import Objective, per_task, seq2seq
 from lmsuite.objectives import electra as electra_loss
 from lmsuite.objectives import labels as labels_loss
+from lmsuite.objectives import pmlm as pmlm_loss
 from lmsuite.objectives import structbert as structbert_loss
 from lmsuite.objectives import unilm as unilm_loss
 from lmsuite.training import recipe_checks, structure_checks
@@ -99,6 +101,22 @@ def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
 def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
     problem = mass.targets_length_problem(lengths)
     return [] if problem is None else [problem]
+
+
+def _pmlm_lengths(length: int) -> dict[str, int]:
+    return {"input_ids": length, "masked_ids": pmlm_data.default_predictions(length)}
+
+
+def _pmlm_fits(lengths: Mapping[str, int]) -> list[str]:
+    length, width = int(lengths["input_ids"]), int(lengths["masked_ids"])
+    n = pmlm_data.chunk_length(length, width)
+    if n >= 1 and pmlm_data.max_masked(n) <= width:
+        return []
+    return [
+        f"input_ids = {length} with masked_ids = {width} leaves {n}-token chunks whose masked "
+        f"tokens (and their [P] and copied slots) do not fit; set masked_ids = "
+        f"{pmlm_data.default_predictions(length)}"
+    ]
 
 
 def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> Recipe:
@@ -438,6 +456,30 @@ RECIPES: dict[str, Recipe] = {
             "input); rows continue for steps_per_block steps, then start new text with their "
             "memory reset to zeros (the reference: one stream per row for the whole corpus, "
             "never reset); documents end with </s>; no variable-length segments (--varlen)",
+        ),
+        Recipe(
+            name="unilm2",
+            summary="UniLMv2 pseudo-masked LM: autoencoding MLM at [M] + partially "
+            "autoregressive prediction of the masked blocks at appended [P] tokens, one pass",
+            task_objectives=("unilm2",),
+            length_keys=("input_ids", "masked_ids"),
+            lengths_for=_pmlm_lengths,
+            task_features=ENCODER_MLM_FEATURES + (pmlm_data.PSEUDO_POSITIONS,) + pmlm_data.FEATURES,
+            converter=_encoder_mlm(
+                span_features=(pmlm_data.PSEUDO_POSITIONS,),
+                sequence_features=pmlm_data.FEATURES,
+            ),
+            pack=False,
+            loss=pmlm_loss.pmlm,
+            architectures=("encoder",),
+            token_types="optional",
+            example_model="bert_tiny",
+            check_lengths=_pmlm_fits,
+            reference="Bao et al. 2020 (arXiv 2002.12804) Algorithm 1, section 2 and Figure 3 "
+            "(paper only: microsoft/unilm releases no UniLMv2 pretraining code); the mask "
+            "read against microsoft/unilm s2s-ft/s2s_ft/modeling.py "
+            "(BertForSequenceToSequenceWithPseudoMask.create_attention_mask, fine-tuning)",
+            differences=pmlm_loss.DIFFERENCES,
         ),
     ]
 }

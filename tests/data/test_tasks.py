@@ -20,13 +20,13 @@ LENGTHS = {
     tasks.PERMUTATION: {"input_k": 64},
 }
 FAST = ["bert_mlm", "wwm", "spanbert", "electra", "t5_span_corruption", "iid_denoising",
-        "prefix_lm", "causal_lm", "mass", "unilm", "xlnet_plm", "ernie2_capitalization",
+        "prefix_lm", "causal_lm", "mass", "unilm", "xlnet_plm", "unilm2", "ernie2_capitalization",
         "ernie2_token_document", "ernie2_sentence_reordering"]  # fmt: skip
 SLOW = ["bert_mlm_nsp", "albert_sop", "structbert", "bart_denoising", "ernie2_sentence_distance",
         "ernie"]  # fmt: skip
-# 5 corpora x 16 objectives (txl_lm included), ERNIE (Chinese), ERNIE 2.0's capitalization (4
-# English corpora) and its three other tasks (all 5).
-PRETRAINING_TASK_COUNT = 5 * 16 + 1 + 4 + 5 * 3
+# 5 corpora x 17 objectives (txl_lm and unilm2 included), ERNIE (Chinese), ERNIE 2.0's
+# capitalization (4 English corpora) and its three other tasks (all 5).
+PRETRAINING_TASK_COUNT = 5 * 17 + 1 + 4 + 5 * 3
 
 
 def test_registration_is_offline_and_lazy(tmp_path):
@@ -37,7 +37,7 @@ def test_registration_is_offline_and_lazy(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert int(result.stdout.split()[0]) == PRETRAINING_TASK_COUNT + 4
+    assert int(result.stdout.split()[0]) == PRETRAINING_TASK_COUNT + 4  # + the probe tasks
     assert list(tmp_path.iterdir()) == []  # nothing downloaded, nothing trained
 
 
@@ -120,8 +120,11 @@ def _check(objective, spec, example):
 def test_objective_yields_examples(objective, tiny_vocab):
     spec, example = _first_example(objective, tiny_vocab)
     _check(objective, spec, example)
-    if tasks.OBJECTIVES[objective].needs_sentinels:
-        assert example["targets"].numpy()[0] == vocab_lib.special_ids(tiny_vocab).sentinels[0]
+    sentinel = vocab_lib.special_ids(tiny_vocab).sentinels[0]
+    if objective == "unilm2":  # PMLM's pseudo token [P] is the first sentinel
+        assert sentinel in example["input_ids"].numpy()
+    elif tasks.OBJECTIVES[objective].needs_sentinels:
+        assert example["targets"].numpy()[0] == sentinel
 
 
 @pytest.mark.parametrize("objective", ["wwm", "t5_span_corruption", "ernie2_token_document"])

@@ -31,6 +31,7 @@ PRODUCTION = {
     "electra_base": "wikipedia/20230601.en:1.0.0",
     "structbert_base": "wikipedia/20230601.en:1.0.0",
     "unilm_base": "wikipedia/20230601.en:1.0.0",
+    "unilm2_base": "wikipedia/20230601.en:1.0.0",
     "xlnet_base": "wikipedia/20230601.en:1.0.0",
     "xlnet_large": "wikipedia/20230601.en:1.0.0",
     "tupe_base": "wikipedia/20230601.en:1.0.0",
@@ -50,6 +51,7 @@ TINY_ENCODERS = [
     "structbert_tiny",
     "unilm_tiny",
     "tupe_tiny",
+    "unilm2_tiny",
 ]
 # Twins whose auxiliary label may stay at chance (an expected failure, with the reason); none now:
 # albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
@@ -104,6 +106,7 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("electra_base", {"input_ids": 512, "masked_ids": 79}, 256, 766_000),
         ("structbert_base", {"input_ids": 512, "masked_ids": 79}, 1024, 330_000),
         ("unilm_base", {"input_ids": 512, "masked_ids": 79}, 320, 770_000),
+        ("unilm2_base", {"input_ids": 676, "masked_ids": 82}, 7680, 500_000),
         ("xlnet_base", {"input_k": 512, "target": 85}, 256, 1_000_000),
         ("xlnet_large", {"input_k": 512, "target": 85}, 8192, 500_000),
         ("tupe_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),

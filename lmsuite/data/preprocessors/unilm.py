@@ -74,7 +74,7 @@ def _sample_units(*, budget, seed):
     return tf.concat([units[:-1], [budget - tf.reduce_sum(units[:-1])]], axis=0)
 
 
-def _place_units(*, n, units, seed):
+def place_units(*, n, units, seed):
     """Bool [n]: `units` (lengths) placed without overlap uniformly among n positions."""
     budget = tf.reduce_sum(units)
     num_units = tf.size(units)
@@ -123,7 +123,7 @@ def unilm_example(
 
     budget = tf.cast(tf.round(mask_rate * tf.cast(n, tf.float32)), tf.int32)
     budget = tf.clip_by_value(budget, 1, max_predictions)
-    chosen = _place_units(n=n, units=_sample_units(budget=budget, seed=seeds[2]), seed=seeds[3])
+    chosen = place_units(n=n, units=_sample_units(budget=budget, seed=seeds[2]), seed=seeds[3])
     chunk_positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)
     # Chunk position p sits at 1 + p in `ids`, one further once past the middle [SEP].
     positions = (

@@ -1,0 +1,205 @@
+"""UniLMv2's pseudo-masked LM (PMLM; Bao et al. 2020, arXiv 2002.12804): one row that trains an
+autoencoding (AE) and a partially autoregressive (PAR) masked LM in one forward pass.
+
+Masking (the paper's Algorithm 1, "blockwise masking"): blocks are drawn until they cover at
+least 15% of the n chunk tokens, `budget = ceil(0.15 * n)`; a block is an n-gram of length
+uniform in 2..6 with probability 0.4 and a single token otherwise. The last block is kept whole
+(so up to `budget + 5` tokens are masked), trimmed only where it would not fit in the chunk. The
+blocks are placed without overlap uniformly at random over the chunk (`unilm.place_units`;
+the paper redraws a start until the block lands on unmasked tokens). The factorization order is
+a uniformly random permutation of the blocks: each PAR step predicts one block.
+
+Layout: the main sequence `[CLS] x [SEP]` with every masked token replaced by [M] (the AE
+inputs: they see the whole main sequence), then, for each step in the factorization order, one
+pseudo token [P] per token of its block followed by a copy of the block's original tokens. A
+pseudo or copied token carries the position id of the token it stands for. No masked token is
+kept or replaced at random in the main sequence: the [P] queries see the whole main sequence
+(the paper's "conventional masks provide global masking information"), so a kept token there
+would show them their own target.
+
+The attention mask is not a feature: the model side builds it (`lmsuite.objectives.pmlm`) from
+two small per-token features, `pmlm_step` (0 on the main sequence and padding, k on the tokens
+appended for the k-th step) and `pmlm_pseudo` (1 on [P] tokens). Main-sequence queries see the
+main sequence; the [P] tokens of step k see the main sequence, the copied originals of steps
+before k and the [P] tokens of step k; the copied originals of step k see the main sequence and
+the copied originals of steps up to k.
+
+The AE predictions (`masked_positions`/`masked_ids`/`masked_weights`) are listed in the
+factorization order, so `pseudo_positions[i]`, the index of the [P] token that predicts the same
+token, is aligned with `masked_ids[i]`: the PAR targets are the AE targets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import seqio
+import tensorflow as tf
+
+from lmsuite.data.preprocessors import lm
+from lmsuite.data.preprocessors.unilm import place_units
+
+MASK_RATE = 0.15
+SPAN_RATE = 0.4
+MIN_SPAN, MAX_SPAN = 2, 6
+FEATURES = ("position_ids", "pmlm_step", "pmlm_pseudo")  # per token, [L]
+PSEUDO_POSITIONS = "pseudo_positions"  # per prediction, [P]
+
+
+def masked_budget(n: int, mask_rate: float = MASK_RATE) -> int:
+    """Algorithm 1's stopping point: blocks are drawn until they cover this many of n tokens."""
+    return max(1, math.ceil(round(mask_rate * n, 6)))
+
+
+def max_masked(n: int, mask_rate: float = MASK_RATE) -> int:
+    """The most tokens blocks can cover in a chunk of n (the last block may overshoot)."""
+    return min(n, masked_budget(n, mask_rate) + MAX_SPAN - 1)
+
+
+def chunk_length(length: int, predictions: int) -> int:
+    """Tokens per chunk in a row of `length` holding [CLS] chunk [SEP] + 2 x `predictions`."""
+    return length - 2 - 2 * predictions
+
+
+def default_predictions(length: int) -> int:
+    """The smallest prediction width P whose row layout fits every example of a `length` row.
+
+    Example: 128 -> 19 (88-token chunks: at most ceil(0.15 * 88) + 5 = 19 masked tokens).
+    """
+    for predictions in range(1, length // 2):
+        n = chunk_length(length, predictions)
+        if n >= 1 and max_masked(n) <= predictions:
+            return predictions
+    raise ValueError(f"input_ids length {length} leaves no room for a PMLM chunk")
+
+
+def _sample_blocks(*, budget, n, seed):
+    """Block lengths in draw order, drawn until their sum reaches `budget` (the last trimmed
+    only to keep the sum <= n)."""
+    draw_seeds = tf.random.experimental.stateless_split(seed, 2)
+    is_span = tf.random.stateless_uniform([budget], draw_seeds[0]) < SPAN_RATE
+    span = tf.random.stateless_uniform(
+        [budget], draw_seeds[1], minval=MIN_SPAN, maxval=MAX_SPAN + 1, dtype=tf.int32
+    )
+    draws = tf.where(is_span, span, 1)
+    num_blocks = tf.reduce_min(tf.where(tf.cumsum(draws) >= budget)) + 1
+    blocks = draws[:num_blocks]
+    before = tf.reduce_sum(blocks[:-1])
+    return tf.concat([blocks[:-1], [tf.minimum(blocks[-1], n - before)]], axis=0)
+
+
+def pmlm_example(tokens, *, seed, cls_id, sep_id, mask_id, pseudo_id, max_predictions):
+    """PMLM features for one chunk of >= 1 token ids (see `pmlm` for the example)."""
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    n = tf.size(tokens)
+    budget = tf.cast(tf.math.ceil(MASK_RATE * tf.cast(n, tf.float32) - 1e-4), tf.int32)
+    budget = tf.clip_by_value(budget, 1, n)
+    blocks = _sample_blocks(budget=budget, n=n, seed=seeds[0])
+    masked = tf.reduce_sum(blocks)
+    num_blocks = tf.size(blocks)
+    # place_units lays the blocks out left to right in draw order: masked chunk positions in
+    # increasing order belong to blocks 0, 0, ..., 1, ... (their lengths `blocks`).
+    chosen = place_units(n=n, units=blocks, seed=seeds[1])
+    chunk_positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)
+    block_of = tf.repeat(tf.range(num_blocks), blocks)
+
+    order = tf.argsort(tf.random.stateless_uniform([num_blocks], seeds[2]))  # step -> block
+    step_of_block = tf.math.invert_permutation(order)
+    step = tf.gather(step_of_block, block_of)
+    by_step = tf.argsort(step * n + chunk_positions)  # stable: within a block, left to right
+    step = tf.gather(step, by_step)
+    positions = 1 + tf.gather(chunk_positions, by_step)  # in [CLS] chunk [SEP]
+    originals = tf.gather(tokens, positions - 1)
+    step_lengths = tf.gather(blocks, order)
+    step_starts = tf.cumsum(step_lengths, exclusive=True)
+    offset = tf.range(masked) - tf.gather(step_starts, step)
+    pseudo_slot = 2 * tf.gather(step_starts, step) + offset
+    copy_slot = pseudo_slot + tf.gather(step_lengths, step)
+
+    def appended(pseudo_values, copy_values):
+        slots = tf.concat([pseudo_slot, copy_slot], axis=0)[:, None]
+        return tf.scatter_nd(slots, tf.concat([pseudo_values, copy_values], 0), [2 * masked])
+
+    main_length = n + 2
+    main = tf.concat([[cls_id], tokens, [sep_id]], axis=0)
+    main = tf.tensor_scatter_nd_update(
+        main, positions[:, None], tf.fill([masked], tf.cast(mask_id, main.dtype))
+    )
+    ones = tf.ones([masked], tf.int32)
+    zeros = tf.zeros([main_length], tf.int32)
+    checks = [
+        tf.debugging.assert_less_equal(
+            masked, max_predictions, message="PMLM: more masked tokens than max_predictions"
+        )
+    ]
+    with tf.control_dependencies(checks):
+        pad = max_predictions - masked
+    return {
+        "input_ids": tf.concat(
+            [main, appended(tf.fill([masked], tf.cast(pseudo_id, main.dtype)), originals)], 0
+        ),
+        "position_ids": tf.concat([tf.range(main_length), appended(positions, positions)], 0),
+        "pmlm_step": tf.concat([zeros, appended(step + 1, step + 1)], 0),
+        "pmlm_pseudo": tf.concat([zeros, appended(ones, 0 * ones)], 0),
+        "masked_positions": tf.pad(positions, [[0, pad]]),
+        "masked_ids": tf.pad(originals, [[0, pad]]),
+        "masked_weights": tf.pad(tf.ones([masked], tf.float32), [[0, pad]]),
+        PSEUDO_POSITIONS: tf.pad(main_length + pseudo_slot, [[0, pad]]),
+    }
+
+
+def pmlm(
+    dataset: tf.data.Dataset,
+    *,
+    sequence_length: Mapping[str, int],
+    cls_id: int,
+    sep_id: int,
+    mask_id: int,
+    pseudo_id: int,
+) -> tf.data.Dataset:
+    """PMLM rows from the concatenated stream of `targets` documents.
+
+    `sequence_length` {"input_ids": L, "masked_ids": P} (P defaults to `default_predictions(L)`)
+    sets the row: chunks of `chunk_length(L, P)` tokens, so that [CLS] chunk [SEP] and the 2 x P
+    appended slots fit L. Output features (unpadded rows of n + 2 + 2m tokens for m masked):
+    input_ids, position_ids, pmlm_step, pmlm_pseudo; masked_positions / masked_ids /
+    masked_weights and pseudo_positions, padded to P.
+
+    Example (chunk [a b c d e f], blocks {b} and {d e}, factorization order {d e} then {b};
+    M = mask_id, Q = pseudo_id):
+      -> {"input_ids":    [CLS a M c M M f SEP  Q Q d e  Q b],
+          "position_ids": [0   1 2 3 4 5 6 7    4 5 4 5  2 2],
+          "pmlm_step":    [0   0 0 0 0 0 0 0    1 1 1 1  2 2],
+          "pmlm_pseudo":  [0   0 0 0 0 0 0 0    1 1 0 0  1 0],
+          "masked_positions": [4 5 2 0 ...], "masked_ids": [d e b 0 ...],
+          "masked_weights": [1 1 1 0 ...], "pseudo_positions": [8 9 12 0 ...]}
+
+    Raises:
+      ValueError: when P is too small for the masked tokens a chunk of that length can get.
+    """
+    (length,) = lm._lengths(sequence_length, "input_ids")
+    predictions = sequence_length.get("masked_ids")
+    predictions = default_predictions(length) if predictions is None else int(predictions)
+    n = chunk_length(length, predictions)
+    if n < 1 or max_masked(n) > predictions:
+        raise ValueError(
+            f"sequence_length {dict(sequence_length)}: chunks of {max(n, 0)} tokens get up to "
+            f"{max_masked(max(n, 1))} masked tokens, more than masked_ids = {predictions}; "
+            f"use masked_ids = {default_predictions(length)}"
+        )
+    batches = lm.chunk_stream_batches(dataset, chunk_length=n, min_chunk_length=1)
+
+    @seqio.map_over_dataset(num_seeds=1)
+    def make(tokens, seed):
+        return pmlm_example(
+            tokens,
+            seed=seed,
+            cls_id=cls_id,
+            sep_id=sep_id,
+            mask_id=mask_id,
+            pseudo_id=pseudo_id,
+            max_predictions=predictions,
+        )
+
+    return make(batches.unbatch())
