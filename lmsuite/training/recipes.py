@@ -28,7 +28,7 @@ import seqio
 from lmsuite import objectives as losses
 from lmsuite.data import feature_converters as fc
 from lmsuite.data import vocab as vocab_lib
-from lmsuite.data.preprocessors import mass, span_corruption, spanbert
+from lmsuite.data.preprocessors import mass, span_corruption, spanbert, ul2
 from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig
@@ -63,6 +63,11 @@ def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
     return [] if problem is None else [problem]
 
 
+def _ul2_fits(lengths: Mapping[str, int]) -> list[str]:
+    problem = ul2.targets_length_problem(lengths)
+    return [] if problem is None else [problem]
+
+
 def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
     problem = mass.targets_length_problem(lengths)
     return [] if problem is None else [problem]
@@ -81,7 +86,7 @@ def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> R
     return Recipe(
         name=name,
         summary=summary,
-        task_objectives=(objective,),
+        task_objectives=kwargs.pop("task_objectives", (objective,)),
         lengths_for=lengths_for,
         example_model=model,
         **(defaults | kwargs),
@@ -356,6 +361,22 @@ RECIPES: dict[str, Recipe] = {
             "input); rows continue for steps_per_block steps, then start new text with their "
             "memory reset to zeros (the reference: one stream per row for the whole corpus, "
             "never reset); documents end with </s>; no variable-length segments (--varlen)",
+        ),
+        # Train it on the mixture `{corpus}_ul2` (per-denoiser metrics); each denoiser's task
+        # also trains alone.
+        _seq2seq_row(
+            "ul2",
+            ul2.DENOISERS[0].name,
+            "UL2 mixture of denoisers: R (spans 3, 8 at 15%), X (spans 3, 8 at 50%; 64 at 15%, "
+            "50%) and S (prefix LM), each input led by its mode token [NLU]/[NLG]/[S2S]",
+            task_objectives=tuple(d.name for d in ul2.DENOISERS),
+            lengths_for=ul2.lengths,
+            model="t5_1_1_tiny",
+            check_lengths=_ul2_fits,
+            reference="Tay et al. 2022 (arXiv 2205.05131) §3.1 and its appendix ul2_objective "
+            "(t5 random_spans_helper, span_corruption/denoise, prefix_lm, prepend_prompt), the "
+            "T5X UL2 configs' prefixes [NLU]/[NLG]/[S2S]; t5x EncoderDecoderModel.loss_fn",
+            differences=ul2.DIFFERENCES,
         ),
     ]
 }
