@@ -93,3 +93,20 @@ def test_the_seq2seq_mixture_trains_under_span_corruption_with_per_task_metrics(
         # The whole batch's loss is the share-weighted mean of the tasks' losses.
         mixed = sum(s * loss for s, loss in zip(shares, losses, strict=True))
         assert mixed == pytest.approx(record[f"{prefix}seq2seq_loss"], rel=1e-4)
+
+
+def test_the_ul2_mixture_passes_preflight_under_its_row_and_short_targets_are_refused():
+    recipe = recipes.get("ul2")
+    assert set(recipe.task_objectives) == {t.removeprefix("wiki_sample_") for t in
+                                           mixtures.task_names("wiki_sample_ul2")}  # fmt: skip
+    found = preflight.check_run(
+        task="wiki_sample_ul2",
+        recipe=recipe,
+        sequence_length=recipe.lengths_for(64),
+        model_config=None,
+    )
+    assert found.problems == [] and found.warnings == []
+    found = preflight.check_run(
+        task="wiki_sample_ul2", recipe=recipe, sequence_length=SPAN_LENGTHS, model_config=None
+    )
+    assert any("ul2_x_mu3_r50" in p and "targets length 16" in p for p in found.problems)
