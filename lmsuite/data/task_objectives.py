@@ -28,6 +28,7 @@ from lmsuite.data.preprocessors import (
     spanbert,
     stream_lm,
     structbert,
+    ul2,
     unilm,
     whole_word,
     xlnet,
@@ -221,6 +222,25 @@ def _denoise(dataset, sequence_length, *, vocab, noiser):
         dataset,
         sequence_length=sequence_length,
         sentinel_ids=vocab_lib.special_ids(vocab).sentinels,
+    )
+
+
+def _ul2(dataset, sequence_length, *, vocab, denoiser):
+    return ul2.denoise(
+        dataset,
+        sequence_length=sequence_length,
+        denoiser=denoiser,
+        mode_ids=[int(i) for i in vocab.encode(denoiser.mode)],
+        sentinel_ids=vocab_lib.special_ids(vocab).sentinels,
+    )
+
+
+def _ul2_objective(denoiser: ul2.Denoiser) -> TaskObjective:
+    return TaskObjective(
+        denoiser.name,
+        SEQ2SEQ,
+        lambda vocab: [*_docs(vocab), functools.partial(_ul2, vocab=vocab, denoiser=denoiser)],
+        needs_sentinels=not denoiser.is_prefix_lm,
     )
 
 
@@ -427,6 +447,8 @@ OBJECTIVES: dict[str, TaskObjective] = {
             lambda vocab: [*_docs(vocab), functools.partial(_stream_lm, vocab=vocab)],
             seqio_appends_eos=False,
         ),
+        # UL2's seven denoisers (R, X: span corruption; S: prefix LM), each with its mode token.
+        *[_ul2_objective(d) for d in ul2.DENOISERS],
     ]
 }
 

@@ -8,7 +8,8 @@ peoples_daily's segmentation), the probe
 tasks `{corpus}_probe_vader_sentiment` / `{corpus}_probe_trec_questions` (English corpora,
 tokenized with that corpus's vocabulary), and mixtures of objectives that share features
 (`{corpus}_seq2seq_mixture`, `{corpus}_encoder_mlm_mixture`, `{corpus}_mlm_multitask_mixture`,
-`{corpus}_ernie2_mixture`, `wikipedia_c4_{objective}`).
+`{corpus}_ernie2_mixture`, `wikipedia_c4_{objective}`) and UL2's mixture of denoisers
+`{corpus}_ul2` at the paper's rates (`preprocessors.ul2`).
 The production corpora (`wikipedia`, `c4`) use the wiki_sample vocabulary by default.
 Tasks over the user's own text files (`text_files.register_text_task`) are built by the same
 `corpus_task`, so an objective runs the same steps whatever its source.
@@ -40,6 +41,7 @@ import tensorflow as tf
 
 from lmsuite.data import corpora, tokenization
 from lmsuite.data import vocab as vocab_lib
+from lmsuite.data.preprocessors import ul2
 from lmsuite.data.task_objectives import (  # noqa: F401  (tasks.X: the public spelling)
     DECODER,
     ENCODER,
@@ -209,9 +211,9 @@ def build_probe_task(
     return task
 
 
-def _add_mixture(name: str, tasks: list[str]) -> None:
+def _add_mixture(name: str, tasks: list[str], rates: list[float] | None = None) -> None:
     seqio.MixtureRegistry.remove(name)
-    seqio.MixtureRegistry.add(name, [(t, 1.0) for t in tasks])
+    seqio.MixtureRegistry.add(name, list(zip(tasks, rates or [1.0] * len(tasks), strict=True)))
 
 
 def register_all() -> list[str]:
@@ -240,6 +242,11 @@ def register_all() -> list[str]:
         _add_mixture(
             f"{corpus}_mlm_multitask_mixture",
             [f"{corpus}_{o}" for o in ("bert_mlm_nsp", "albert_sop", "structbert")],
+        )
+        _add_mixture(
+            f"{corpus}_ul2",
+            [f"{corpus}_{d.name}" for d in ul2.DENOISERS],
+            [d.rate for d in ul2.DENOISERS],
         )
     for objective, spec in OBJECTIVES.items():
         if "en" in spec.languages:

@@ -117,6 +117,7 @@ def check_run(
             provider = seqio.get_mixture_or_task(task)
 
     if provider is not None:
+        unprepared: set[str] = set()  # a corpus is named once, however many tasks read it
         for sub in _sub_tasks(provider):
             corpus, objective = tasks_lib.PRETRAINING_TASKS.get(sub.name, (None, None))
             if sub.name in text_files.TEXT_TASKS:  # the user's files: no TFDS data to check
@@ -125,11 +126,11 @@ def check_run(
                 _vocabulary_checks(found, sub, corpus, model_config)
             if corpus is not None:
                 how = unprepared_tfds(corpus)
+                if how is not None and corpus not in unprepared:
+                    unprepared.add(corpus)
+                    (problems if need_data else found.warnings).append(f"task {sub.name!r}: {how}")
                 if how is not None and need_data:
-                    problems.append(f"task {sub.name!r}: {how}")
                     continue
-                if how is not None:
-                    found.warnings.append(f"task {sub.name!r}: {how}")
             if recipe is not None:
                 features = None
                 foreign = objective is None or objective not in recipe.task_objectives

@@ -30,7 +30,7 @@ from lmsuite import objectives as losses
 from lmsuite.data import feature_converters as fc
 from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import ernie2 as ernie2_data
-from lmsuite.data.preprocessors import mass, span_corruption, spanbert
+from lmsuite.data.preprocessors import mass, span_corruption, spanbert, ul2
 from lmsuite.data.preprocessors import mlm as mlm_lib
 from lmsuite.data.preprocessors import pmlm as pmlm_data
 from lmsuite.did_you_mean import nearest
@@ -98,6 +98,11 @@ def _spans_fit(lengths: Mapping[str, int]) -> list[str]:
     return [] if problem is None else [problem]
 
 
+def _ul2_fits(lengths: Mapping[str, int]) -> list[str]:
+    problem = ul2.targets_length_problem(lengths)
+    return [] if problem is None else [problem]
+
+
 def _mass_fits(lengths: Mapping[str, int]) -> list[str]:
     problem = mass.targets_length_problem(lengths)
     return [] if problem is None else [problem]
@@ -132,7 +137,7 @@ def _seq2seq_row(name, objective, summary, *, lengths_for, model, **kwargs) -> R
     return Recipe(
         name=name,
         summary=summary,
-        task_objectives=(objective,),
+        task_objectives=kwargs.pop("task_objectives", (objective,)),
         lengths_for=lengths_for,
         example_model=model,
         **(defaults | kwargs),
@@ -480,6 +485,22 @@ RECIPES: dict[str, Recipe] = {
             "read against microsoft/unilm s2s-ft/s2s_ft/modeling.py "
             "(BertForSequenceToSequenceWithPseudoMask.create_attention_mask, fine-tuning)",
             differences=pmlm_loss.DIFFERENCES,
+        ),
+        # Train it on the mixture `{corpus}_ul2` (per-denoiser metrics); each denoiser's task
+        # also trains alone.
+        _seq2seq_row(
+            "ul2",
+            ul2.DENOISERS[0].name,
+            "UL2 mixture of denoisers: R (spans 3, 8 at 15%), X (spans 3, 8 at 50%; 64 at 15%, "
+            "50%) and S (prefix LM), each input led by its mode token [NLU]/[NLG]/[S2S]",
+            task_objectives=tuple(d.name for d in ul2.DENOISERS),
+            lengths_for=ul2.lengths,
+            model="t5_1_1_tiny",
+            check_lengths=_ul2_fits,
+            reference="Tay et al. 2022 (arXiv 2205.05131) §3.1 and its appendix ul2_objective "
+            "(t5 random_spans_helper, span_corruption/denoise, prefix_lm, prepend_prompt), the "
+            "T5X UL2 configs' prefixes [NLU]/[NLG]/[S2S]; t5x EncoderDecoderModel.loss_fn",
+            differences=ul2.DIFFERENCES,
         ),
     ]
 }

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from lmsuite.data import corpora, feature_converters, inspect, tasks, tokenization
 from lmsuite.data import vocab as vocab_lib
+from lmsuite.data.preprocessors import ul2
 
 LENGTHS = {
     tasks.ENCODER: {"input_ids": 64},
@@ -19,14 +20,23 @@ LENGTHS = {
     tasks.DECODER: {"targets": 64},
     tasks.PERMUTATION: {"input_k": 64},
 }
+
+
+def _lengths(objective: str) -> dict[str, int]:
+    """The objective kind's lengths; UL2's denoisers need targets as long as the inputs."""
+    if objective in ul2.BY_NAME:
+        return ul2.lengths(64)
+    return LENGTHS[tasks.OBJECTIVES[objective].kind]
+
+
 FAST = ["bert_mlm", "wwm", "spanbert", "electra", "t5_span_corruption", "iid_denoising",
         "prefix_lm", "causal_lm", "mass", "unilm", "xlnet_plm", "unilm2", "ernie2_capitalization",
         "ernie2_token_document", "ernie2_sentence_reordering"]  # fmt: skip
 SLOW = ["bert_mlm_nsp", "albert_sop", "structbert", "bart_denoising", "ernie2_sentence_distance",
         "ernie"]  # fmt: skip
-# 5 corpora x 17 objectives (txl_lm and unilm2 included), ERNIE (Chinese), ERNIE 2.0's
-# capitalization (4 English corpora) and its three other tasks (all 5).
-PRETRAINING_TASK_COUNT = 5 * 17 + 1 + 4 + 5 * 3
+# 5 corpora x 24 objectives (txl_lm, unilm2 and UL2's 7 denoisers included), ERNIE (Chinese),
+# ERNIE 2.0's capitalization (4 English corpora) and its three other tasks (all 5).
+PRETRAINING_TASK_COUNT = 5 * 24 + 1 + 4 + 5 * 3
 
 
 def test_registration_is_offline_and_lazy(tmp_path):
@@ -73,7 +83,7 @@ def _first_example(objective, vocab):
     spec = tasks.OBJECTIVES[objective]
     corpus = "peoples_daily" if "zh" in spec.languages else "wiki_sample"
     task = tasks.build_task(corpus, objective, vocab=vocab, name=f"test_tiny_{objective}")
-    dataset = task.get_dataset(LENGTHS[spec.kind], split="validation", shuffle=False, seed=0)
+    dataset = task.get_dataset(_lengths(objective), split="validation", shuffle=False, seed=0)
     return spec, next(iter(dataset))
 
 
@@ -131,7 +141,7 @@ def test_objective_yields_examples(objective, tiny_vocab):
 def test_chinese_objectives_use_segmentation(objective, tiny_zh_vocab):
     task = tasks.build_task("peoples_daily", objective, vocab=tiny_zh_vocab, register=False)
     spec = tasks.OBJECTIVES[objective]
-    example = next(iter(task.get_dataset(LENGTHS[spec.kind], split="validation", shuffle=False)))
+    example = next(iter(task.get_dataset(_lengths(objective), split="validation", shuffle=False)))
     _check(objective, spec, example)
 
 
@@ -262,7 +272,7 @@ def test_every_registered_pretraining_task_yields_an_example(
         vocab = tiny_zh_vocab if corpus == "peoples_daily" else tiny_vocab
         task = tasks.build_task(corpus, objective, vocab=vocab, register=False)
         spec = tasks.OBJECTIVES[objective]
-        dataset = task.get_dataset(LENGTHS[spec.kind], split="validation", shuffle=False)
+        dataset = task.get_dataset(_lengths(objective), split="validation", shuffle=False)
         example = next(iter(dataset), None)
         assert example is not None, name
         _check(objective, spec, example)
@@ -287,9 +297,7 @@ def test_memoized_tokens_give_the_same_examples(corpus, objective):
     # example (peoples_daily: the segmented path, words tokenized one by one).
     def examples(memoize):
         task = tasks.build_task(corpus, objective, register=False, memoize_tokens=memoize)
-        ds = task.get_dataset(
-            LENGTHS[tasks.OBJECTIVES[objective].kind], split="train", shuffle=True, seed=4
-        )
+        ds = task.get_dataset(_lengths(objective), split="train", shuffle=True, seed=4)
         return list(ds.take(150).as_numpy_iterator())
 
     plain, memoized = examples(False), examples(True)

@@ -11,6 +11,7 @@ import seqio
 from lmsuite.data import tasks, text_files
 from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.corpora import base, user_files
+from lmsuite.data.preprocessors import ul2
 from tests.data.generated_text import write_text_files
 
 TEXT = "Dr. Ada came. She won.\n  The end.\n\n\nNext story.\n"
@@ -20,6 +21,15 @@ LENGTHS = {
     tasks.DECODER: {"targets": 64},
     tasks.PERMUTATION: {"input_k": 64},
 }
+
+
+def _lengths(objective: str) -> dict[str, int]:
+    """The objective kind's lengths; UL2's denoisers need targets as long as the inputs."""
+    if objective in ul2.BY_NAME:
+        return ul2.lengths(64)
+    return LENGTHS[tasks.OBJECTIVES[objective].kind]
+
+
 ENGLISH = [o for o, spec in tasks.OBJECTIVES.items() if "en" in spec.languages]
 # One per kind of source use: sentence pairs, documents (seq2seq, decoder), XLNet's streams.
 FAST = ("bert_mlm_nsp", "t5_span_corruption", "causal_lm", "xlnet_plm")
@@ -178,7 +188,7 @@ def test_a_text_task_runs_the_embedded_corpus_pipeline_for_every_objective(corpu
     "objective", [o if o in FAST else pytest.param(o, marks=pytest.mark.slow) for o in ENGLISH]
 )
 def test_every_objective_yields_the_embedded_tasks_features(objective, corpus_dir, tiny_vocab):
-    lengths = LENGTHS[tasks.OBJECTIVES[objective].kind]
+    lengths = _lengths(objective)
     name = text_files.register_text_task(
         objective=objective,
         train_files=f"{corpus_dir}/*.txt",

@@ -36,8 +36,9 @@ PRODUCTION = {
     "xlnet_large": "wikipedia/20230601.en:1.0.0",
     "tupe_base": "wikipedia/20230601.en:1.0.0",
     "txl_base": "wikipedia/20230601.en:1.0.0",
+    "ul2_base": "c4/en:3.1.0",
 }
-TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny"]
+TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny", "ul2_tiny"]
 TINY_OTHERS = ["xlnet_tiny", "txl_tiny"]
 # Encoder twins: held-out MLM cross-entropy below the unigram, per-row labels above the majority.
 TINY_ENCODERS = [
@@ -111,6 +112,7 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("xlnet_large", {"input_k": 512, "target": 85}, 8192, 500_000),
         ("tupe_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),
         ("txl_base", {"inputs": 150, "targets": 150}, 60, 200_000),
+        ("ul2_base", {"inputs": 512, "targets": 512}, 128, 500_000),
     ],
 )
 def test_production_settings_are_the_papers(name, lengths, batch, steps, tmp_path, monkeypatch):

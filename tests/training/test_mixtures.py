@@ -106,3 +106,20 @@ def test_task_weights_need_a_row_that_carries_task_ids_and_a_mixture():
         choice, model_config=config, tasks=mixtures.task_names("wiki_sample_encoder_mlm_mixture")
     )
     assert "mlm_loss/wiki_sample_wwm" in built.objective.metrics
+
+
+def test_the_ul2_mixture_passes_preflight_under_its_row_and_short_targets_are_refused():
+    recipe = recipes.get("ul2")
+    assert set(recipe.task_objectives) == {t.removeprefix("wiki_sample_") for t in
+                                           mixtures.task_names("wiki_sample_ul2")}  # fmt: skip
+    found = preflight.check_run(
+        task="wiki_sample_ul2",
+        recipe=recipe,
+        sequence_length=recipe.lengths_for(64),
+        model_config=None,
+    )
+    assert found.problems == [] and found.warnings == []
+    found = preflight.check_run(
+        task="wiki_sample_ul2", recipe=recipe, sequence_length=SPAN_LENGTHS, model_config=None
+    )
+    assert any("ul2_x_mu3_r50" in p and "targets length 16" in p for p in found.problems)
