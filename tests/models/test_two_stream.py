@@ -258,7 +258,7 @@ def test_other_architectures_refuse_xlnet_inputs():
         (lambda: _config().replace(share_layers="all"), "needs ModelConfig.share_layers='none'"),
         (
             lambda: ModelConfig(architecture="decoder", heads=("lm",), xlnet=XLNetOptions()),
-            "ModelConfig.xlnet is for architecture='xlnet', not 'decoder'",
+            "ModelConfig.xlnet is for architecture='xlnet' or 'transformer_xl', not 'decoder'",
         ),
     ],
 )

@@ -204,7 +204,9 @@ def test_memory_needs_a_fixed_length_and_an_xlnet():
     with pytest.raises(ValueError, match="set XLNetOptions.mem_len .* got None"):
         memory_shapes(_config().replace(xlnet=_config().xlnet.__class__()), BATCH)
     bert = cli.model_config_from_gin(["models/bert_tiny.gin"])
-    with pytest.raises(ValueError, match="only architecture='xlnet' carries memory.*'encoder'"):
+    with pytest.raises(
+        ValueError, match="only architecture='xlnet' or 'transformer_xl' carries memory.*'encoder'"
+    ):
         memory_shapes(bert, BATCH)
 
 
