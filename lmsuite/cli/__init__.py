@@ -337,9 +337,9 @@ def run_pretrain(args):
     baselines = report.baselines(
         held_out.as_numpy_iterator(),
         # The whole train split of the embedded corpora; a prefix of a production corpus's.
-        train_batches=run.data.train_dataset(
-            built, seed=run.trainer.seed, shuffle=False, repeat=False
-        )
+        # (a staged run's too: its stages sample this split; one pass reads it in order)
+        train_batches=run.data.replace(stages=())
+        .train_dataset(built, seed=run.trainer.seed, shuffle=False, repeat=False)
         .take(UNIGRAM_BATCHES)
         .as_numpy_iterator(),
         targets=targets,
@@ -354,6 +354,8 @@ def run_pretrain(args):
         metrics.read_jsonl(model_dir / "metrics.jsonl"), png, baseline=baselines.majority
     )
     print(f"  loss curve:   {png}")
+    if run.data.stages:
+        print(pretrain_report.stage_text(model_dir))
     held = result.eval_metrics
     accuracy_key, entropy_key = (f"eval/{k}" for k in built.objective.learning_metrics)
     what = built.objective.prediction_name

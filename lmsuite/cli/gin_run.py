@@ -28,6 +28,7 @@ TRAIN_PARAMETERS: dict[str, tuple[str, str | None]] = {
     "input_threads": ("data", "input_threads"),
     "input_sharding": ("data", "input_sharding"),
     "input_nice": ("data", "input_nice"),
+    "stages": ("data", "stages"),
     "train_steps": ("trainer", "train_steps"),
     "seed": ("trainer", "seed"),
     "mesh_shape": ("trainer", "mesh_shape"),

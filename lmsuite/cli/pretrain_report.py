@@ -148,3 +148,22 @@ def _rtd_line(held: dict, held_out) -> str:
         f"held-out rtd accuracy: {held['eval/rtd_accuracy']:.4f} over {tokens:,} tokens (always "
         f"the larger class: {majority:.4f}; binomial p = {p_value:.2g})"
     )
+
+
+def stage_text(model_dir) -> str:
+    """A staged run's held-out accuracies across its stages: stages.png beside metrics.jsonl,
+    and how far each fell, at its lowest, after each later stage began."""
+    from lmsuite.training import metrics, report
+
+    records = metrics.read_jsonl(model_dir / "metrics.jsonl")
+    png = model_dir / "stages.png"
+    report.plot_stages(records, png)
+    lines = [f"  stages:       {png}"]
+    for change in report.stage_changes(records):
+        name = change.metric.removeprefix("eval/").removesuffix("_accuracy").replace("_", " ")
+        lines.append(
+            f"held-out {name} accuracy when stage {change.stage} began (step {change.step:,}): "
+            f"{change.before:.4f}; lowest after: {change.lowest_after:.4f} "
+            f"(fall {change.fall:+.4f})"
+        )
+    return "\n".join(lines)

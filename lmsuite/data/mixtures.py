@@ -100,11 +100,14 @@ def mixed_examples(
     along: Sequence[str] = (),
     example_task: bool = False,
     label_fill: Mapping[str, bool] | None = None,
+    task_rates: Mapping[str, float] | None = None,
 ) -> tf.data.Dataset:
     """The examples of mixture `name` sampled at its rates, tagged (see the module docstring).
 
     `label_fill` (label -> per token) gives every example each label its task lacks, as -1:
     a multi-task row's tasks each carry their own labels (`lmsuite.objectives.labels`).
+    `task_rates` (task -> rate) samples only those tasks of the mixture, at those rates (a stage of
+    a continual schedule, `lmsuite.data.stages`); task ids and features stay the mixture's.
 
     Raises:
       ValueError: `name` is not a mixture, no task has `split`, a feature of `along` is missing
@@ -117,6 +120,10 @@ def mixed_examples(
     if not tasks:
         raise ValueError(f"no task of mixture {name!r} has a {split!r} split")
     index = {t.name: i for i, t in enumerate(mixture.tasks)}
+    if task_rates is not None:
+        unknown = sorted(set(task_rates) - set(index))
+        if unknown:
+            raise ValueError(f"{unknown} are not tasks of mixture {name!r}: {sorted(index)}")
     datasets = []
     for task in tasks:
         ds = task.get_dataset(
@@ -141,6 +148,12 @@ def mixed_examples(
     # SeqIO's choice: the given seed, else unseeded when shuffling, else 42.
     sample_seed = seed if seed is not None else (None if shuffle else 42)
     weights = [float(mixture.get_rate(t)) for t in tasks]
+    if task_rates is not None:  # the features stay every task's shared ones, whatever is sampled
+        chosen = [i for i, t in enumerate(tasks) if t.name in task_rates]
+        if not chosen:
+            raise ValueError(f"no task of {sorted(task_rates)} has a {split!r} split")
+        datasets = [datasets[i] for i in chosen]
+        weights = [float(task_rates[tasks[i].name]) for i in chosen]
     return tf.data.Dataset.sample_from_datasets(
         datasets, weights=weights, seed=sample_seed, stop_on_empty_dataset=True
     )
@@ -158,10 +171,13 @@ def get_dataset(
     shard_info: seqio.ShardInfo | None = None,
     seed: int | None = None,
     label_fill: Mapping[str, bool] | None = None,
+    task_rates: Mapping[str, float] | None = None,
 ) -> tf.data.Dataset:
     """`seqio.get_dataset` for a task; for a mixture its `mixed_examples` (tagged along `along`;
     None: untagged) through `feature_converter`, which must then pass `task_ids` through.
-    `label_fill` as in `mixed_examples`, for a task too."""
+    `label_fill` as in `mixed_examples`, for a task too; `task_rates` as there (mixtures only)."""
+    if task_rates is not None and not is_mixture(name):
+        raise ValueError(f"task rates {dict(task_rates)} need a mixture; {name!r} is a task")
     if not is_mixture(name) and label_fill:
         ds = seqio.get_mixture_or_task(name).get_dataset(
             dict(task_feature_lengths),
@@ -195,6 +211,7 @@ def get_dataset(
         shard_info=shard_info,
         along=along or (),
         label_fill=label_fill,
+        task_rates=task_rates,
     )
     lengths = dict(task_feature_lengths)
     if along:

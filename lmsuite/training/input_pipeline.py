@@ -22,6 +22,7 @@ import tensorflow as tf
 from jax.sharding import NamedSharding
 
 from lmsuite.data import mixtures
+from lmsuite.data import stages as stages_lib
 from lmsuite.training import thread_priority
 
 
@@ -41,6 +42,7 @@ def process_dataset(
     rows_task: Callable[[str, int], str] | None = None,
     task_ids_along: Sequence[str] | None = None,
     label_fill: Mapping[str, bool] | None = None,
+    stages: Sequence[stages_lib.Stage] = (),
 ) -> tf.data.Dataset:
     """This process's batches of `task`, after `skip_batches` global batches.
 
@@ -58,6 +60,8 @@ def process_dataset(
     A mixture's examples come from `mixtures.get_dataset`: every feature its tasks share, and
     with `task_ids_along` their per-token task ids (the feature converter must pass them).
     `label_fill`: the labels of a multi-task row, -1 where an example's task lacks one.
+    `stages`: a continual schedule over mixture `task` (`lmsuite.data.stages`): from global
+    batch `stage.start` on, its tasks at its rates; a skip starts in the stage it falls in.
 
     Example: 2 processes, global batch 8 -> each yields dicts of (4, ...) numpy-ready tensors;
     "source": process 0 reads SeqIO shard 0 of 2; "replicated": process 1 keeps rows 4-7.
@@ -75,30 +79,46 @@ def process_dataset(
     if rows_task is not None:
         task = rows_task(task, global_batch_size if replicated else local_batch)
         shuffle = False  # a shuffle would interleave unrelated rows and steps
-    dataset = mixtures.get_dataset(
-        task,
-        task_feature_lengths=dict(sequence_length),
-        feature_converter=feature_converter,
-        along=task_ids_along,
-        label_fill=label_fill,
-        dataset_split=split,
-        shuffle=shuffle,
-        num_epochs=None if repeat else 1,
-        shard_info=seqio.ShardInfo(
-            index=0 if replicated else jax.process_index(),
-            num_shards=1 if replicated else num_processes,
-        ),
-        seed=seed,
-    )
-    if replicated:
-        first = jax.process_index() * local_batch
-        dataset = dataset.batch(global_batch_size, drop_remainder=True).map(
-            lambda batch: {k: v[first : first + local_batch] for k, v in batch.items()}
+    if stages and (rows_task is not None or not repeat):
+        raise ValueError(
+            "a staged schedule needs a mixture read endlessly, not rows of streams "
+            f"(rows_task) or one pass (repeat={repeat})"
+        )
+
+    def batched(task_rates=None, stage_seed=seed):
+        dataset = mixtures.get_dataset(
+            task,
+            task_feature_lengths=dict(sequence_length),
+            feature_converter=feature_converter,
+            along=task_ids_along,
+            label_fill=label_fill,
+            task_rates=task_rates,
+            dataset_split=split,
+            shuffle=shuffle,
+            num_epochs=None if repeat else 1,
+            shard_info=seqio.ShardInfo(
+                index=0 if replicated else jax.process_index(),
+                num_shards=1 if replicated else num_processes,
+            ),
+            seed=stage_seed,
+        )
+        if replicated:
+            first = jax.process_index() * local_batch
+            return dataset.batch(global_batch_size, drop_remainder=True).map(
+                lambda batch: {k: v[first : first + local_batch] for k, v in batch.items()}
+            )
+        return dataset.batch(local_batch, drop_remainder=True)
+
+    if stages:
+        dataset = stages_lib.staged(
+            stages,
+            lambda index, task_rates: batched(task_rates, None if seed is None else seed + index),
+            skip_batches=skip_batches,
         )
     else:
-        dataset = dataset.batch(local_batch, drop_remainder=True)
-    if skip_batches:
-        dataset = dataset.skip(skip_batches)
+        dataset = batched()
+        if skip_batches:
+            dataset = dataset.skip(skip_batches)
     options = tf.data.Options()
     # SeqIO chains many small per-example maps (preprocessors, validation, trimming, the feature
     # converter); fusing them saves tf.data's per-call cost: 17.0 -> 14.4 ms of CPU per 32 x 128

@@ -108,7 +108,7 @@ def train(config: TrainConfig) -> RunResult:
     }
     batch_sharding = step.batch_shardings(batch_shapes, mesh, rules=trainer.rules)
     if batches_consumed:  # a resumed run sees the batches it would have seen
-        train_data = train_data.skip(batches_consumed)
+        train_data = data.train_dataset(built, seed=trainer.seed, skip_batches=batches_consumed)
     input_nice = input_pipeline.default_input_nice() if data.input_nice is None else data.input_nice
     batches = input_pipeline.Prefetcher(train_data, batch_sharding, nice=input_nice)
 
@@ -135,6 +135,10 @@ def train(config: TrainConfig) -> RunResult:
         start_step=start_step,
     )  # fmt: skip
     last_eval: dict[str, float] = {}
+    # step -> the 1-based stage that begins after it (metrics.jsonl's "data/stage")
+    stage_starts = {stage.start: i + 1 for i, stage in enumerate(data.stages)}
+    if start_step == 0 and data.stages:
+        log.write(0, {"data/stage": 1})
     preempted = {"flag": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.__setitem__("flag", True))
     try:
@@ -163,6 +167,8 @@ def train(config: TrainConfig) -> RunResult:
                 log.write(done, last_eval)
             if do_save:
                 ckpt.save(done, state, {"batches_consumed": done})
+            if done in stage_starts:  # a continual schedule's next stage begins
+                log.write(done, {"data/stage": stage_starts[done]})
             if stop:
                 ckpt.commit()
                 raise Preempted(f"SIGTERM at step {done}; saved checkpoint step {done}")

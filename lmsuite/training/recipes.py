@@ -390,7 +390,8 @@ RECIPES: dict[str, Recipe] = {
             name="ernie2",
             summary="ERNIE 2.0: masked LM + capitalization and token-document relation per "
             "token + sentence reordering (9 classes) and sentence distance (3) per row, over "
-            "{corpus}_ernie2_mixture; each example trains its own task's head",
+            "{corpus}_ernie2_mixture, in continual stages (`train.stages`); each example trains "
+            "its own task's head",
             task_objectives=tuple(ERNIE2_OBJECTIVES),
             length_keys=("input_ids", "masked_ids"),
             lengths_for=_mlm_lengths,
@@ -409,8 +410,10 @@ RECIPES: dict[str, Recipe] = {
             task_ids_along=("masked_ids",),
             reference="Sun et al. 2020 (AAAI) §4; the pretraining code was not released "
             "(PaddlePaddle/ERNIE issues #261, #404)",
-            differences="every task from step 0 (the paper adds them in continual stages); "
-            "the tasks' own differences are in docs/objectives.md (ERNIE 2.0's tasks); "
+            differences="the continual stages are the run's `train.stages` (no stages: every "
+            "task from step 0; experiments/ernie2_tiny.gin: three stages, their lengths and "
+            "rates ours, the paper gives none); the tasks' own differences are in "
+            "docs/objectives.md (ERNIE 2.0's tasks); "
             "discourse relation and IR relevance are not built (no labelled corpus)",
         ),
         Recipe(

@@ -303,3 +303,78 @@ def binomial_upper_tail(successes: int, trials: int, p: float) -> float:
     ]  # fmt: skip
     peak = max(terms)
     return float(min(1.0, math.exp(peak) * sum(math.exp(t - peak) for t in terms)))
+
+
+STAGE_KEY = "data/stage"  # metrics.jsonl: the 1-based stage that begins after the record's step
+
+
+class StageChange(NamedTuple):
+    """A held-out metric across the start of a continual schedule's stage (`data.stages`)."""
+
+    metric: str  # e.g. "eval/capitalization_labels_accuracy"
+    stage: int  # the stage that began, 1-based (>= 2)
+    step: int  # the step it began after
+    before: float  # at the last evaluation at or before `step`
+    lowest_after: float  # the lowest of the evaluations after `step`
+
+    @property
+    def fall(self) -> float:
+        return self.before - self.lowest_after
+
+
+def _eval_accuracies(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """ "eval/..._accuracy" (not per task) -> [(step, value)], in step order."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in sorted(records, key=lambda r: r["step"]):
+        for key, value in r.items():
+            if key.startswith("eval/") and key.endswith("_accuracy") and "/" not in key[5:]:
+                if isinstance(value, float):
+                    out.setdefault(key, []).append((r["step"], value))
+    return out
+
+
+def stage_starts(records: list[dict]) -> list[tuple[int, int]]:
+    """[(step, stage)] of each stage after the first, from metrics.jsonl's records."""
+    return sorted({(r["step"], int(r[STAGE_KEY])) for r in records if r.get(STAGE_KEY, 1) > 1})
+
+
+def stage_changes(records: list[dict]) -> list[StageChange]:
+    """Every held-out accuracy before each later stage began and its lowest after: how much a
+    task trained earlier lost when later tasks joined (ERNIE 2.0's point is that it loses little).
+
+    Example: evaluations at steps 2, 4, 6 of 0.50, 0.70, 0.65 and stage 2 beginning after step
+    4 -> StageChange(metric, stage=2, step=4, before=0.70, lowest_after=0.65): fall 0.05.
+    """
+    out = []
+    for key, points in _eval_accuracies(records).items():
+        for step, stage in stage_starts(records):
+            before = [v for s, v in points if s <= step]
+            after = [v for s, v in points if s > step]
+            if before and after:
+                out.append(StageChange(key, stage, step, before[-1], min(after)))
+    return out
+
+
+def plot_stages(records: list[dict], png: epath.PathLike) -> None:
+    """Each held-out accuracy against step, with a dashed line where each stage began."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key, points in sorted(_eval_accuracies(records).items()):
+        label = key.removeprefix("eval/").removesuffix("_accuracy").replace("_", " ")
+        ax.plot(*zip(*points, strict=True), "o-", markersize=3, label=label)
+    for step, stage in stage_starts(records):
+        ax.axvline(step, color="gray", linestyle="--", linewidth=1)
+        ax.text(step, 1.0, f" stage {stage}", va="top", fontsize=8, color="gray")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_ylim(0.0, 1.02)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    image = io.BytesIO()  # via epath, so that png may be on gs://
+    fig.savefig(image, format="png", dpi=100)
+    plt.close(fig)
+    epath.Path(png).write_bytes(image.getvalue())

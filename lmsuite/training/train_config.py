@@ -31,6 +31,8 @@ from typing import Any
 import optax
 
 from lmsuite import partitioning
+from lmsuite.data import mixtures
+from lmsuite.data import stages as stages_lib
 from lmsuite.models import ModelConfig
 from lmsuite.training import (
     checkpointing,
@@ -147,6 +149,8 @@ class DataConfig(_Group):
     `task_modules` are imported before the task is looked up (modules that register it) and
     recorded in run.json, so `lmsuite.load` registers the task again. `input_sharding` is
     `input_pipeline.process_dataset`'s ("replicated": batches independent of the host count).
+    `stages` is a continual schedule over mixture `task` (`lmsuite.data.stages`: `Stage`s or
+    (first step, {task: rate}) pairs); empty: the mixture's own rates throughout.
     """
 
     task: str
@@ -158,10 +162,15 @@ class DataConfig(_Group):
     input_sharding: str = "source"
     input_nice: int | None = None
     task_modules: tuple[str, ...] = ()
+    stages: tuple[stages_lib.Stage, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "sequence_length", dict(self.sequence_length))
         object.__setattr__(self, "task_modules", tuple(self.task_modules))
+        try:
+            object.__setattr__(self, "stages", stages_lib.as_stages(self.stages))
+        except (TypeError, ValueError):
+            pass  # kept as given: `problems` names it
 
     def problems(self) -> list[str]:
         out: list[str] = []
@@ -178,15 +187,41 @@ class DataConfig(_Group):
                 f"data.input_sharding must be one of {input_pipeline.INPUT_SHARDINGS}, got "
                 f"{self.input_sharding!r}"
             )
+        try:
+            stages_lib.as_stages(self.stages)
+        except (TypeError, ValueError) as error:
+            out.append(f"data.stages: {error}")
+        return out
+
+    def stage_problems(self, *, recipe: recipes.Recipe, train_steps: int) -> list[str]:
+        """What is wrong with `stages` for this task, `recipe` and `train_steps` (registered
+        tasks needed: call after the task modules are imported)."""
+        if not self.stages or not all(isinstance(s, stages_lib.Stage) for s in self.stages):
+            return []
+        import lmsuite.data.tasks  # noqa: F401  (registers the built-in mixtures)
+
+        out = stages_lib.problems(
+            self.stages,
+            tasks=mixtures.task_names(self.task),
+            mixture=self.task,
+            train_steps=train_steps,
+        )
+        if recipe.rows_task is not None:
+            out.append(
+                f"data.stages: recipe {recipe.name!r} reads its task as rows of streams, in "
+                "order; a staged schedule needs shuffled examples of a mixture"
+            )
         return out
 
     def train_dataset(self, recipe: recipes.Built, *, seed: int, **options):
-        """The training batches of `recipe` (built lazily; `options`: shuffle, repeat, ...)."""
+        """The training batches of `recipe` (built lazily; `options`: shuffle, repeat,
+        skip_batches, ...), staged by `stages`."""
         return input_pipeline.process_dataset(
             **self._pipeline(recipe),
             split="train",
             seed=seed,
             input_threads=self.input_threads,
+            stages=self.stages,
             **options,
         )
 
@@ -334,6 +369,7 @@ class TrainConfig(_Group):
                     f"data.task_modules: {module!r} does not import: {type(error).__name__}: "
                     f"{error}"
                 )
+        problems += self.data.stage_problems(recipe=self.recipe.recipe, train_steps=steps)
         found = preflight.check_run(
             task=self.data.task,
             recipe=self.recipe.recipe,
@@ -377,6 +413,8 @@ class TrainConfig(_Group):
             # What registers the task again, so `lmsuite eval` and `lmsuite.load` need no flags.
             "task_modules": list(self.data.task_modules),
         }
+        if self.data.stages:  # a record: evaluation reads the whole mixture
+            record["stages"] = [stage.to_json() for stage in self.data.stages]
         if self.data.task in text_files.TEXT_TASKS:  # `--train_files`: the user's own text
             record["text_task"] = text_files.TEXT_TASKS[self.data.task].to_json()
         return record

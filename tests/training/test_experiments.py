@@ -37,6 +37,7 @@ PRODUCTION = {
     "tupe_base": "wikipedia/20230601.en:1.0.0",
     "txl_base": "wikipedia/20230601.en:1.0.0",
     "ul2_base": "c4/en:3.1.0",
+    "ernie2_base": "wikipedia/20230601.en:1.0.0",
 }
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny", "ul2_tiny"]
 TINY_OTHERS = ["xlnet_tiny", "txl_tiny"]
@@ -53,10 +54,22 @@ TINY_ENCODERS = [
     "unilm_tiny",
     "tupe_tiny",
     "unilm2_tiny",
+    "bert_multitask_tiny",
+    "ernie2_tiny",
 ]
 # Twins whose auxiliary label may stay at chance (an expected failure, with the reason); none now:
 # albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
 AUXILIARY_NOT_LEARNT: dict[str, str] = {}
+# Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
+# trained before it began (the MLM trains in every stage), none of which may fall by more than
+# FORGETTING_MARGIN (absolute) at any evaluation after it began.
+EARLIER_TASKS = {
+    "ernie2_tiny": {
+        2: {"mlm", "capitalization labels"},
+        3: {"mlm", "capitalization labels", "token document labels"},
+    }
+}
+FORGETTING_MARGIN = 0.01
 # Paper-sized runs on an embedded corpus (no TFDS data to prepare): checked like the tiny ones.
 EMBEDDED_PRODUCTION = ["ernie_zh_base"]
 
@@ -113,6 +126,7 @@ def test_experiment_passes_the_checks_or_stops_only_at_its_data(name, tmp_path):
         ("tupe_base", {"input_ids": 512, "masked_ids": 80}, 256, 1_000_000),
         ("txl_base", {"inputs": 150, "targets": 150}, 60, 200_000),
         ("ul2_base", {"inputs": 512, "targets": 512}, 128, 500_000),
+        ("ernie2_base", {"input_ids": 512, "masked_ids": 80}, 768, 400_000),
     ],
 )
 def test_production_settings_are_the_papers(name, lengths, batch, steps, tmp_path, monkeypatch):
@@ -198,6 +212,24 @@ def _label_results(out: str) -> list[dict[str, float]]:
     ]
 
 
+def _stage_changes(out: str) -> list[dict]:
+    pattern = (
+        r"held-out ([a-z ]+) accuracy when stage (\d+) began \(step ([\d,]+)\): ([\d.]+); "
+        r"lowest after: ([\d.]+) \(fall ([+-][\d.]+)\)"
+    )
+    return [
+        dict(
+            metric=m[0],
+            stage=int(m[1]),
+            step=int(m[2].replace(",", "")),
+            before=float(m[3]),
+            lowest_after=float(m[4]),
+            fall=float(m[5]),
+        )  # fmt: skip
+        for m in re.findall(pattern, out)
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TINY_ENCODERS)
 def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
@@ -234,8 +266,17 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
         p_value = report.binomial_upper_tail(round(float(accuracy) * n), n, float(majority))
         assert p_value == pytest.approx(float(p), rel=0.05, abs=1e-300)
         learnt.append(float(accuracy) > float(majority) and p_value < 0.01)
+    changes = _stage_changes(out)
+    forgotten = [
+        c for c in changes
+        if c["metric"] in EARLIER_TASKS.get(name, {}).get(c["stage"], ()) and
+        c["fall"] > FORGETTING_MARGIN
+    ]  # fmt: skip
+    for stage, metrics in EARLIER_TASKS.get(name, {}).items():
+        assert metrics <= {c["metric"] for c in changes if c["stage"] == stage}, out
     with capsys.disabled():
-        print(json.dumps({name: got | {"labels": labels}}))
+        print(json.dumps({name: got | {"labels": labels, "stages": changes}}))
+    assert not forgotten, forgotten
     if name in AUXILIARY_NOT_LEARNT and not all(learnt):
         pytest.xfail(AUXILIARY_NOT_LEARNT[name])
     assert all(learnt), out

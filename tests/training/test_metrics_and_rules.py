@@ -66,3 +66,34 @@ def test_cpu_mfu_is_measured_against_the_hosts_matmul_peak():
     got = report.mfu(flops_per_step=peak / 2, steps_per_sec=1.0, peak_flops_per_device=None)
     assert got == pytest.approx(0.5)
     assert report.mfu(flops_per_step=None, steps_per_sec=1.0, peak_flops_per_device=1e12) is None
+
+
+STAGED_RECORDS = [
+    {"step": 0, "data/stage": 1.0},
+    {"step": 2, "eval/a_accuracy": 0.50, "eval/b_accuracy": 0.30, "eval/mlm_accuracy/t": 0.1},
+    {"step": 4, "eval/a_accuracy": 0.70, "eval/b_accuracy": 0.31},
+    {"step": 4, "data/stage": 2.0},
+    {"step": 6, "eval/a_accuracy": 0.65, "eval/b_accuracy": 0.60, "loss": 1.0},
+    {"step": 8, "eval/a_accuracy": 0.68, "eval/b_accuracy": 0.62},
+    {"step": 8, "data/stage": 3.0},
+    {"step": 10, "eval/a_accuracy": 0.69, "eval/b_accuracy": 0.55},
+]
+
+
+def test_stage_changes_by_hand():
+    """Each held-out accuracy (not the per-task ones) at the last evaluation before a stage
+    began against its lowest after: a fell 0.70 -> 0.65 after stage 2 began at step 4."""
+    got = {(c.metric, c.stage): c for c in report.stage_changes(STAGED_RECORDS)}
+    assert set(got) == {(m, s) for m in ("eval/a_accuracy", "eval/b_accuracy") for s in (2, 3)}
+    a2 = got["eval/a_accuracy", 2]
+    assert (a2.step, a2.before, a2.lowest_after) == (4, 0.70, 0.65)
+    assert a2.fall == pytest.approx(0.05)
+    b3 = got["eval/b_accuracy", 3]
+    assert (b3.before, b3.lowest_after) == (0.62, 0.55)
+    assert report.stage_starts(STAGED_RECORDS) == [(4, 2), (8, 3)]
+    assert report.stage_changes(STAGED_RECORDS[:3]) == []  # one stage: nothing began later
+
+
+def test_the_stage_plot_is_a_png(tmp_path):
+    report.plot_stages(STAGED_RECORDS, tmp_path / "stages.png")
+    assert (tmp_path / "stages.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

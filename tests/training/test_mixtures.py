@@ -123,3 +123,79 @@ def test_the_ul2_mixture_passes_preflight_under_its_row_and_short_targets_are_re
         task="wiki_sample_ul2", recipe=recipe, sequence_length=SPAN_LENGTHS, model_config=None
     )
     assert any("ul2_x_mu3_r50" in p and "targets length 16" in p for p in found.problems)
+
+
+STAGES = (
+    "[(0, {'wiki_sample_prefix_lm': 1.0}), "
+    "(2, {'wiki_sample_prefix_lm': 1.0, 'wiki_sample_t5_span_corruption': 1.0})]"
+)
+
+
+def _staged_argv(model_dir, steps, *extra):
+    return [
+        "train",
+        "--gin_file=models/t5_1_1_tiny.gin",
+        "--gin_file=runs/pretrain.gin",
+        f"--model_dir={model_dir}",
+        "--gin.RECIPE='t5_span_corruption'",
+        f"--gin.TASK='{MIXTURE}'",
+        f"--gin.SEQUENCE_LENGTH={SPAN_LENGTHS}",
+        f"--gin.TRAIN_STEPS={steps}",
+        "--gin.BATCH_SIZE=8",
+        "--gin.CHECKPOINT_EVERY=3",
+        "--gin.ModelConfig.vocab_size=8100",
+        "--gin.train.log_every=1",
+        "--gin.train.eval_batches=1",
+        "--gin.train.progress_bar=False",
+        f"--gin.train.stages={STAGES}",
+        *extra,
+    ]
+
+
+def test_a_staged_mixture_trains_each_stage_on_its_tasks(tmp_path, capsys):
+    """ERNIE 2.0's continual schedule on the seq2seq mixture: steps 1-2 train prefix LM alone,
+    then span corruption joins; metrics.jsonl marks each stage and run.json records the
+    schedule."""
+    assert cli.main(_staged_argv(tmp_path, 5)) == 0, capsys.readouterr().err[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    stages = [(r["step"], r["data/stage"]) for r in records if "data/stage" in r]
+    assert stages == [(0, 1), (2, 2)]
+    steps = _train_records(tmp_path)
+    prefix, span = (f"seq2seq_share/wiki_sample_{t}" for t in ("prefix_lm", "t5_span_corruption"))
+    assert [steps[s][prefix] for s in (1, 2)] == [1.0, 1.0]
+    assert sum(steps[s][span] for s in (3, 4, 5)) > 0
+    assert all(steps[s].get("seq2seq_share/wiki_sample_iid_denoising", 0) == 0 for s in steps)
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["stages"][1] == [
+        2, {"wiki_sample_prefix_lm": 1.0, "wiki_sample_t5_span_corruption": 1.0}
+    ]  # fmt: skip
+
+
+def _train_records(model_dir) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (model_dir / "metrics.jsonl").open())
+            if "seq2seq_loss" in r and "eval/seq2seq_loss" not in r}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_staged_run_resumed_inside_a_stage_reads_the_uninterrupted_runs_batches(tmp_path, capsys):
+    """Stopped at step 3 (inside stage 2) and resumed, the run reads the batches of steps 4-5
+    the uninterrupted run reads: the same task shares and token counts (the losses differ: a
+    3-step run's learning-rate schedule is not a 5-step run's)."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    for model_dir, steps in ((whole, 5), (parts, 3), (parts, 5)):
+        assert cli.main(_staged_argv(model_dir, steps)) == 0, capsys.readouterr().err[-3000:]
+    ran, resumed = _train_records(whole), _train_records(parts)
+    data_keys = [k for k in ran[4] if k.startswith("seq2seq_share/")] + ["num_tokens"]
+    assert len(data_keys) == 3
+    for s in (4, 5):
+        assert {k: resumed[s][k] for k in data_keys} == {k: ran[s][k] for k in data_keys}, s
+
+
+def test_a_schedule_that_drops_a_task_is_refused_before_training(tmp_path):
+    bad = "[(0, {'wiki_sample_prefix_lm': 1.0}), (2, {'wiki_sample_iid_denoising': 1.0})]"
+    with pytest.raises(cli.ConfigError) as error:
+        cli.load_config(cli.parse_args(_staged_argv(tmp_path, 5, f"--gin.train.stages={bad}")))
+    assert any(
+        "data.stages[1] (from step 2) drops ['wiki_sample_prefix_lm']" in p
+        for p in error.value.problems
+    ), error.value.problems
