@@ -259,6 +259,12 @@ def plot_loss_curve(
         acc_ax.set_xlabel("step")
         acc_ax.set_ylabel("accuracy")
         acc_ax.legend()
+    _save_png(fig, png)
+
+
+def _save_png(fig, png: epath.PathLike) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     image = io.BytesIO()  # via epath, so that png may be on gs://
     fig.savefig(image, format="png", dpi=100)
@@ -373,8 +379,4 @@ def plot_stages(records: list[dict], png: epath.PathLike) -> None:
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(0.0, 1.02)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    image = io.BytesIO()  # via epath, so that png may be on gs://
-    fig.savefig(image, format="png", dpi=100)
-    plt.close(fig)
-    epath.Path(png).write_bytes(image.getvalue())
+    _save_png(fig, png)
