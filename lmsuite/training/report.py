@@ -368,15 +368,18 @@ def plot_stages(records: list[dict], png: epath.PathLike) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for key, points in sorted(_eval_accuracies(records).items()):
         label = key.removeprefix("eval/").removesuffix("_accuracy").replace("_", " ")
         ax.plot(*zip(*points, strict=True), "o-", markersize=3, label=label)
     for step, stage in stage_starts(records):
         ax.axvline(step, color="gray", linestyle="--", linewidth=1)
-        ax.text(step, 1.0, f" stage {stage}", va="top", fontsize=8, color="gray")
+        ax.text(
+            step, 0.01, f" stage {stage}", va="bottom", fontsize=8, color="gray",
+            transform=ax.get_xaxis_transform(),
+        )  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(0.0, 1.02)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     _save_png(fig, png)
