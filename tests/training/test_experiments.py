@@ -57,9 +57,15 @@ TINY_ENCODERS = [
     "bert_multitask_tiny",
     "ernie2_tiny",
 ]
-# Twins whose auxiliary label may stay at chance (an expected failure, with the reason); none now:
+# Twins whose auxiliary label may stay at chance (an expected failure, with the reason).
 # albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
-AUXILIARY_NOT_LEARNT: dict[str, str] = {}
+AUXILIARY_NOT_LEARNT: dict[str, str] = {
+    "ernie2_tiny": "ERNIE 2.0's sentence distance (single-sentence pairs) stays at chance on the "
+    "embedded corpora: held-out 0.366 against the majority 0.346 (p 0.26) on the Wikipedia "
+    "sample while its train accuracy reached 0.50-0.52, so the 106 training articles' pairs are "
+    "learnt, not what tells unseen articles' sentences apart; 0.28-0.39 on Shakespeare "
+    "(benchmarks/RESULTS.md)",
+}
 # Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
 # trained before it began (the MLM trains in every stage), none of which may fall by more than
 # FORGETTING_MARGIN (absolute) at any evaluation after it began.
