@@ -203,8 +203,8 @@ def _learned(out: str, what: str) -> dict[str, float]:
 
 def _label_results(out: str) -> list[dict[str, float]]:
     pattern = (
-        r"held-out ([a-z ]+) accuracy: ([\d.]+) over ([\d,]+) rows \(always the most frequent "
-        r"\w+: ([\d.]+); binomial p = ([\d.e+-]+)\)"
+        r"held-out ([a-z ]+) accuracy: ([\d.]+) over ([\d,]+) (?:rows|tokens) \(always the most "
+        r"frequent \w+: ([\d.]+); binomial p = ([\d.e+-]+)\)"
     )
     return [
         dict(
