@@ -186,7 +186,7 @@ def test_a_staged_run_resumed_inside_a_stage_reads_the_uninterrupted_runs_batche
         assert cli.main(_staged_argv(model_dir, steps)) == 0, capsys.readouterr().err[-3000:]
     ran, resumed = _train_records(whole), _train_records(parts)
     data_keys = [k for k in ran[4] if k.startswith("seq2seq_share/")] + ["num_tokens"]
-    assert len(data_keys) == 3
+    assert len(data_keys) == 4  # three task shares and the token count
     for s in (4, 5):
         assert {k: resumed[s][k] for k in data_keys} == {k: ran[s][k] for k in data_keys}, s
 
