@@ -437,4 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     except loop.Preempted as error:
         print(f"lmsuite: {error}", file=sys.stderr)
         return loop.PREEMPTED_EXIT_CODE
+    except loop.LeaseHeldError as error:  # refused before anything was written
+        print(f"lmsuite: {error}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT_CODE
+    except loop.CheckpointWriteError as error:
+        print(f"lmsuite: {error}", file=sys.stderr)
+        return 1
     return 0

@@ -28,6 +28,18 @@ What a run printed before its first line of its own, and where each line is sile
       `state` item alone: the CheckpointManager keeps that file one level up, in the step's
       directory. The restore does not need it. Filtered the same way.
 
+  ERROR:absl:[process=0][thread=array_type_handler] _SignalingThread.run() raised an exception:
+  RESOURCE_EXHAUSTED: ... No space left on device  (and ~400 lines of tracebacks)
+      Orbax, from each of its background threads, when a checkpoint save fails. The same
+      failure reaches the training loop, which ends with one `CheckpointWriteError` line naming
+      the step, the path and the free space (`lmsuite.training.checkpointing`). Orbax's ERROR
+      records are dropped by the same filter; `--verbose` keeps them.
+  Traceback (most recent call last): ... call_soon_threadsafe ...
+  RuntimeError: Event loop is closed  (once per array write still pending)
+      TensorStore, when its pending writes finish after Orbax has closed the event loop of the
+      failed save: its callbacks print through `sys.excepthook`, which drops exactly this
+      error raised by `call_soon_threadsafe` (`_drop_closed_loop_callbacks`).
+
 Environment variables are set with `setdefault`, so a user's own TF_CPP_MIN_LOG_LEVEL wins.
 `lmsuite train/pretrain` re-execute themselves first (`host_malloc.relaunch_with_settings`)
 and parse their flags again, so all of this is done in the process that runs, --verbose or not.
@@ -52,6 +64,8 @@ ABSL_NOISE = (
     "Variant folder %s has ",  # tensorflow_datasets.core.utils.file_utils
     "Metadata file does not exist: %s",  # orbax.checkpoint's metadata reader
 )
+# How Orbax's log records begin ("[process=0][thread=...]"): its failed-save ERROR records.
+ORBAX_PREFIX = "[process="
 QUIET_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
@@ -59,6 +73,8 @@ class _DropKnownMessages(logging.Filter):
     """Drops the records whose message starts with one of `ABSL_NOISE`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith(ORBAX_PREFIX):
+            return False  # re-raised as one CheckpointWriteError (see the module docstring)
         return not str(record.msg).startswith(ABSL_NOISE)
 
 
@@ -79,7 +95,26 @@ def quiet_start(*, verbose: bool) -> None:
         os.environ.setdefault(key, value)
     if _FILTER not in absl_logger.filters:
         absl_logger.addFilter(_FILTER)
+    if sys.excepthook is not _drop_closed_loop_callbacks:
+        global _previous_excepthook
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _drop_closed_loop_callbacks
     import_tensorflow()
+
+
+_previous_excepthook = sys.excepthook
+
+
+def _drop_closed_loop_callbacks(kind, value, tb) -> None:
+    """`sys.excepthook`, without TensorStore's late callbacks into a closed event loop."""
+    if kind is RuntimeError and str(value) == "Event loop is closed":
+        frames, frame = [], tb
+        while frame is not None:
+            frames.append(frame.tb_frame.f_code.co_name)
+            frame = frame.tb_next
+        if "call_soon_threadsafe" in frames:
+            return
+    _previous_excepthook(kind, value, tb)
 
 
 def import_tensorflow() -> None:

@@ -14,6 +14,7 @@ a transformers model       (an instance, with an optional tokenizer=).
 """
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -41,13 +42,16 @@ def is_run_dir(path: str) -> bool:
 
 
 def committed_steps(model_dir: str) -> list[int]:
-    """Steps under MODEL_DIR/checkpoints whose save was committed (`checkpointing.MANIFEST`),
-    oldest first. Read from the directory: nothing is opened for writing, nothing cleaned."""
+    """Steps under MODEL_DIR/checkpoints whose save was committed, oldest first: Orbax's
+    `commit_success.txt` or lmsuite's checksum manifest (`checkpointing.MANIFEST`, the only
+    marker of steps written before Orbax wrote its own). Read from the directory: nothing is
+    opened for writing, nothing cleaned."""
     root = os.path.join(model_dir, CHECKPOINTS)
+    markers = (checkpointing.MANIFEST, "commit_success.txt")
     return sorted(
         int(name)
         for name in (os.listdir(root) if os.path.isdir(root) else [])
-        if name.isdigit() and os.path.isfile(os.path.join(root, name, checkpointing.MANIFEST))
+        if name.isdigit() and any(os.path.isfile(os.path.join(root, name, m)) for m in markers)
     )
 
 
@@ -99,6 +103,24 @@ def task_vocabulary(task: str):
     return vocab
 
 
+def _newest_verified(root: str, steps: list[int]) -> int:
+    """The newest step whose files match their checksums; each damaged one is named on stderr.
+
+    Raises:
+      DamagedCheckpointError: every committed step is damaged (the newest one's damage named).
+    """
+    newest_error = None
+    for step in reversed(steps):
+        try:
+            checkpointing.verify(os.path.join(root, str(step)))
+        except checkpointing.DamagedCheckpointError as error:
+            newest_error = newest_error or error
+            print(f"lmsuite: not loading checkpoint step {step}: {error}", file=sys.stderr)
+            continue
+        return step
+    raise newest_error
+
+
 def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
     """An lmsuite run directory (see the module docstring)."""
     run = run_config.read_run_config(model_dir)
@@ -111,11 +133,11 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
             f" the directory holds {_listing(model_dir)}{inside}"
         )
     if step is None:
-        step = steps[-1]
+        step = _newest_verified(root, steps)
     elif step not in steps:
         raise ValueError(f"{model_dir} has no committed checkpoint step {step}; committed: {steps}")
     step_dir = os.path.join(root, str(step))
-    checkpointing.verify(step_dir)  # a truncated array is named, not loaded
+    checkpointing.verify(step_dir)  # a damaged array file is named, never loaded
     # The run's --task_module imports and its --train_files task: TASK registers itself.
     run_config.register_run_tasks(run, where=os.path.join(model_dir, run_config.RUN_FILE))
     config = run.model_config

@@ -1,24 +1,34 @@
-"""Orbax checkpoints that are committed explicitly and verified before they are loaded.
+"""Orbax checkpoints: one save at a time, committed by Orbax when written, checksummed, verified
+before they are loaded.
 
 Layout: `MODEL_DIR/checkpoints/<step>/` holds Orbax's `state` item (the TrainState) and `data`
-item (the input position: batches consumed), plus our `COMMITTED` manifest, written only after
-the asynchronous save has finished: a JSON map from every file of the step to its size. A step
-without the manifest, or whose files are missing or have other sizes (a truncated array), is
-damaged: `restore_latest` names it and why, moves it to `MODEL_DIR/checkpoints.damaged/`, and
-falls back to the previous committed step. A complete step that does not fit the current train
-state (a changed config) is an error, not a fallback. Orbax's own temporary directories left by
-a killed save are removed when the manager starts.
+item (the input position: batches consumed). What is Orbax's and what is ours:
+- The commit is Orbax's (its CheckpointManager's atomic rename on a disk, `commit_success.txt`
+  on a bucket), made in its background thread once every process's shards are written, so a
+  finished save is committed even if the process is killed a moment later.
+- The checksums are ours (`checkpoint_integrity`): written inside the step by Orbax's
+  `post_finalization_callback`, just before the commit, and checked on resume and on
+  `lmsuite.load`. A damaged step is named with its file, moved to `checkpoints.damaged/`, and
+  the previous step is restored.
+- The bound is ours: Orbax queues any number of saves. `save` first waits for the save before
+  it, so committed progress trails the loop by at most one checkpoint interval and one copy of
+  the state is in flight. The time waited is `wait_seconds` (metrics.jsonl's
+  `checkpoint_wait_sec`), and a wait of a second or more is printed.
+- A failed save (a full disk) is one `CheckpointWriteError` naming the path and the free space;
+  its unfinished directory is removed, the committed steps are untouched.
+Orbax's temporary directories left by a killed save are named on stderr and removed at start.
 
 Every Orbax call runs on one worker thread. With `nice` > 0 (the default on a CPU-only host,
 `default_checkpoint_nice`) that thread, and the Orbax and TensorStore threads it starts, run at
 low priority, and `save` returns at once after copying the state (the next train step donates
-its buffers) instead of pausing the step for Orbax's blocking phase (20-60 ms on 2 cores).
-With `nice` 0 (accelerators), `save` waits for Orbax's blocking phase (its copy of the state to
-host memory) and the file writes continue in the background, as Orbax intends.
+its buffers) instead of pausing the step for Orbax's blocking phase. With `nice` 0
+(accelerators, pods), `save` waits for Orbax's blocking phase (its copy of the state to host
+memory) and the file writes continue in the background, as Orbax intends.
 """
 
-import json
+import errno
 import os
+import shutil
 import signal
 import sys
 import time
@@ -28,14 +38,22 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint import path as ocp_path
 
-from lmsuite.training import thread_priority
+from lmsuite.training import checkpoint_integrity, thread_priority
+from lmsuite.training.checkpoint_integrity import MANIFEST, DamagedCheckpointError, verify
 
-MANIFEST = "COMMITTED"
-TMP_MARKER = ".orbax-checkpoint-tmp-"  # Orbax writes a step here, then renames it
+__all__ = ["MANIFEST", "CheckpointWriteError", "Checkpointer", "DamagedCheckpointError", "verify"]
+
+TMP_SUFFIX = ocp_path.atomicity_types.TMP_DIR_SUFFIX  # "<step>.orbax-checkpoint-tmp..."
 # Fault injection for tests/integration: SIGKILL this process right after the (asynchronous)
 # save of this step has started, so the kill lands while the checkpoint is being written.
 KILL_DURING_SAVE_ENV = "LMSUITE_FAULT_KILL_DURING_SAVE"
+REPORTED_WAIT_SECONDS = 1.0
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint save failed (e.g. a full disk); the committed steps are intact."""
 
 
 def default_checkpoint_nice() -> int:
@@ -53,10 +71,6 @@ def default_checkpoint_nice() -> int:
 def _copy(tree: Any) -> Any:
     """New buffers with the same values and shardings."""
     return jax.tree.map(lambda x: x.copy(), tree)
-
-
-class DamagedCheckpointError(ValueError):
-    """A checkpoint step that must not be loaded; the message names the step and the damage."""
 
 
 def absolute(path: str | epath.PathLike) -> epath.Path:
@@ -85,63 +99,38 @@ def run_directory(path: str | epath.PathLike, *, flag: str = "model_dir") -> str
     return str(resolved)
 
 
-def _files(step_dir: epath.Path) -> dict[str, int]:
-    """Every file under `step_dir` (but the manifest) -> its size in bytes."""
-    found = {}
-    pending = [step_dir]
-    while pending:  # epath has no rglob (on GCS it would be one listing per directory anyway)
-        for path in pending.pop().iterdir():
-            if path.is_dir():
-                pending.append(path)
-            elif path.name != MANIFEST:
-                found[str(path.relative_to(step_dir))] = path.stat().length
-    return dict(sorted(found.items()))
-
-
-def verify(step_dir: str | epath.PathLike) -> None:
-    """Raises DamagedCheckpointError unless `step_dir` is committed and complete."""
-    step_dir = epath.Path(step_dir)
-    manifest = step_dir / MANIFEST
-    if not manifest.exists():
-        raise DamagedCheckpointError(
-            f"checkpoint {step_dir} has no {MANIFEST} marker: its save never finished"
-        )
+def _free_space(path: epath.Path) -> str:
+    if "://" in str(path):
+        return "unknown free space (a bucket)"
     try:
-        expected = json.loads(manifest.read_text())
-    except json.JSONDecodeError as error:
-        raise DamagedCheckpointError(
-            f"checkpoint {step_dir}: unreadable {MANIFEST}: {error}"
-        ) from error
-    found = _files(step_dir)
-    problems = [f"missing {name}" for name in expected if name not in found]
-    problems += [
-        f"{name} has {found[name]} bytes, expected {size}"
-        for name, size in expected.items()
-        if name in found and found[name] != size
-    ]
-    if problems:
-        raise DamagedCheckpointError(f"checkpoint {step_dir} is damaged: " + "; ".join(problems))
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB free"
+    except OSError:
+        return "unknown free space"
+
+
+def _disk_full(error: BaseException) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class Checkpointer:
-    """Saves (asynchronously) and restores TrainState plus the data position.
+    """Saves (asynchronously, one save at a time) and restores TrainState plus the data position.
 
     Args:
       directory: the checkpoint root, e.g. MODEL_DIR/checkpoints.
       keep: how many committed steps to keep (None: all).
-      async_save: write in a background thread while training continues.
       nice: the scheduling priority of the checkpoint thread, 0-19 (see the module docstring);
         above 0 `save` returns without waiting for Orbax. One process only.
     """
 
-    def __init__(
-        self,
-        *,
-        directory: str | epath.PathLike,
-        keep: int | None = 3,
-        async_save: bool = True,
-        nice: int = 0,
-    ):
+    def __init__(self, *, directory: str | epath.PathLike, keep: int | None = 3, nice: int = 0):
         if keep is not None and keep < 2:
             raise ValueError(f"keep must be >= 2 so that a damaged step has a fallback, got {keep}")
         thread_priority.check(nice, what="checkpoint")
@@ -152,8 +141,9 @@ class Checkpointer:
             )
         self.directory = absolute(directory)  # local or gs://
         self._nice = nice
-        self._pending: list[int] = []  # started, not yet committed; touched by the worker only
-        self._inflight: list[futures.Future] = []  # saves handed to the worker
+        self._saving: int | None = None  # the step of the save in flight (at most one)
+        self._inflight: futures.Future | None = None  # its start, handed to the worker
+        self.wait_seconds = 0.0  # time `save` spent waiting for the save before it
         # Linux schedules threads individually: the worker's priority is inherited by the
         # threads Orbax and TensorStore start from it.
         self._worker = futures.ThreadPoolExecutor(
@@ -161,52 +151,68 @@ class Checkpointer:
             thread_name_prefix="checkpoint",
             initializer=lambda: thread_priority.lower_this_thread(nice),
         )
-        self.manager = self._call(self._open, async_save, keep)
+        self.manager = self._call(self._open, keep)
 
     def _call(self, fn, *args):
         """Runs `fn` on the worker after everything queued before it; returns its result."""
         return self._worker.submit(fn, *args).result()
 
-    def _open(self, async_save: bool, keep: int | None) -> ocp.CheckpointManager:
+    def _open(self, keep: int | None) -> ocp.CheckpointManager:
         if jax.process_index() == 0 and self.directory.exists():
-            # Orbax also cleans these, but in a background future; do it before anything reads.
-            for leftover in self.directory.glob(f"*{TMP_MARKER}*"):
-                print(f"lmsuite: removing unfinished checkpoint {leftover}", file=sys.stderr)
+            # Orbax also cleans these, but silently and in a background future.
+            for leftover in self.directory.glob(f"*{TMP_SUFFIX}*"):
+                print(
+                    f"lmsuite: removing {leftover}: an unfinished save (the process stopped "
+                    "before Orbax committed it)",
+                    file=sys.stderr,
+                )
                 leftover.rmtree()
         return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
-                enable_async_checkpointing=async_save,
+                enable_async_checkpointing=True,
                 cleanup_tmp_directories=True,
+                async_options=ocp.AsyncOptions(post_finalization_callback=self._record_checksums),
             ),
             item_names=("state", "data"),
         )
 
+    def _record_checksums(self) -> None:
+        """Orbax's callback (primary process) once every shard is written, before the commit."""
+        step = self._saving
+        unfinished = self.directory / f"{step}{TMP_SUFFIX}"
+        checkpoint_integrity.record(
+            unfinished if unfinished.exists() else self.directory / str(step)
+        )
+
     def save(self, step: int, state: Any, data_position: dict[str, int]) -> None:
-        """Starts saving `state` and `data_position` as `step`; commits earlier saves first.
+        """Waits for the previous save to be committed, then starts saving `step`.
 
         With `nice` > 0 this returns after copying `state` (on the device, for the train step
-        donates its buffers); otherwise after Orbax's blocking phase. An error in the save is
-        raised by the next `save`, `commit` or `close`.
+        donates its buffers); otherwise after Orbax's blocking phase.
+
+        Raises:
+          CheckpointWriteError: the previous save (or this one's start) failed.
         """
-        inflight, self._inflight = self._inflight, []
-        for future in inflight:
-            if future.done():
-                future.result()  # raises a failed background save here
-            else:
-                self._inflight.append(future)
+        previous = self._saving
+        waited = self._wait_for_save()
+        if waited >= REPORTED_WAIT_SECONDS:
+            print(
+                f"lmsuite: step {step} waited {waited:.1f} s for checkpoint step {previous} to "
+                "be written (one save at a time)",
+                file=sys.stderr,
+            )
         if self._nice:
             state = _copy(state)
-        future = self._worker.submit(self._start_save, step, state, dict(data_position))
-        self._inflight.append(future)
+        self._inflight = self._worker.submit(self._start_save, step, state, dict(data_position))
         if not self._nice:
-            future.result()
+            self._wait_for_start()
 
     def _start_save(self, step: int, state: Any, data_position: dict[str, int]) -> None:
-        if step in self._pending or step in self.manager.all_steps():
+        if step in self.manager.all_steps():  # a resumed run's first step, or the last again
             return
-        self._commit()
+        self._saving = step
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -214,37 +220,69 @@ class Checkpointer:
             ),
             force=True,
         )
-        self._pending.append(step)
         if os.environ.get(KILL_DURING_SAVE_ENV) == str(step):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def commit(self) -> None:
-        """Waits for pending saves and writes their manifests (process 0)."""
-        inflight, self._inflight = self._inflight, []
-        for future in inflight:
-            future.result()
-        self._call(self._commit)
+    def _wait_for_start(self) -> None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        try:
+            inflight.result()
+        except Exception as error:
+            raise self._failed(error) from error
 
-    def _commit(self) -> None:
-        self.manager.wait_until_finished()
+    def _wait_for_save(self) -> float:
+        """Waits until the save in flight is committed; returns the seconds waited."""
+        start = time.perf_counter()
+        self._wait_for_start()
+        if self._saving is not None:
+            try:
+                self._call(self.manager.wait_until_finished)
+            except Exception as error:
+                raise self._failed(error) from error
+            self._saving = None
+        waited = time.perf_counter() - start
+        self.wait_seconds += waited
+        return waited
+
+    def _failed(self, error: Exception) -> CheckpointWriteError:
+        """The error for a failed save of `self._saving`, its unfinished directory removed."""
+        step, self._saving = self._saving, None
         if jax.process_index() == 0:
-            for step in self._pending:
-                step_dir = self.directory / str(step)
-                if step_dir.exists():  # it may already be rotated out by `keep`
-                    tmp = step_dir / (MANIFEST + ".tmp")
-                    tmp.write_text(json.dumps(_files(step_dir), indent=0))
-                    tmp.rename(step_dir / MANIFEST)
-        self._pending = []
+            for leftover in self.directory.glob(f"{step}{TMP_SUFFIX}*"):
+                leftover.rmtree()
+        self._call(self.manager.reload)
+        committed = self.committed_steps()
+        newest = f"step {committed[-1]}" if committed else "none"
+        if _disk_full(error):
+            reason = f"the disk is full ({_free_space(self.directory)})"
+        else:
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return CheckpointWriteError(
+            f"checkpoint step {step} could not be written to {self.directory}: {reason}; the "
+            f"newest committed checkpoint is {newest}"
+        )
+
+    def commit(self) -> None:
+        """Waits until the save in flight is committed (raises CheckpointWriteError if not)."""
+        self._wait_for_save()
 
     def committed_steps(self) -> list[int]:
-        """Steps with a manifest, oldest first (not yet verified)."""
-        steps = self._call(self.manager.all_steps)
-        return [s for s in steps if (self.directory / str(s) / MANIFEST).exists()]
+        """Steps Orbax has committed, oldest first (not yet verified)."""
+        return list(self._call(self.manager.all_steps))
+
+    def commit_time(self, step: int) -> float:
+        """When `step` was committed (its manifest's modification time, seconds since the epoch)."""
+        step_dir = self.directory / str(step)
+        marker = step_dir / MANIFEST
+        return (marker if marker.exists() else step_dir).stat().mtime
 
     def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, int]] | None:
         """Restores the newest verified step, or returns None when there is none.
 
-        Damaged steps are reported on stderr with the reason, moved aside, and skipped.
+        Damaged steps are reported on stderr with the file and the damage, moved aside, and
+        skipped.
         """
         return self._call(self._restore_latest, abstract_state)
 
@@ -252,11 +290,17 @@ class Checkpointer:
         for step in sorted(self.manager.all_steps(), reverse=True):
             step_dir = self.directory / str(step)
             try:
-                verify(step_dir)
+                checked = verify(step_dir)
             except DamagedCheckpointError as error:
                 print(f"lmsuite: not loading checkpoint step {step}: {error}", file=sys.stderr)
                 self._move_aside(step)
                 continue
+            if not checked:
+                print(
+                    f"lmsuite: checkpoint step {step} has no checksums (written before lmsuite "
+                    "recorded them): loading it unchecked",
+                    file=sys.stderr,
+                )
             try:
                 restored = self.manager.restore(
                     step,
@@ -265,8 +309,8 @@ class Checkpointer:
                     ),
                 )
             except (ValueError, OSError) as error:
-                # Complete on disk but not this run's state: most likely a changed model or
-                # optimizer configuration, which must not be papered over by a fallback.
+                # Complete and checked on disk but not this run's state: most likely a changed
+                # model or optimizer configuration, which must not be papered over by a fallback.
                 raise ValueError(
                     f"checkpoint {step_dir} is committed and complete but does not restore into "
                     f"this run's train state (was the model or optimizer changed?): {error}"
@@ -292,7 +336,7 @@ class Checkpointer:
         self.manager.reload()
 
     def close(self) -> None:
-        """Commits pending saves and stops the worker."""
+        """Waits for the save in flight and stops the worker."""
         try:
             self.commit()
             self._call(self.manager.close)

@@ -9,6 +9,8 @@ preemption, divergence) -> finish. Everything comes from one `TrainConfig`
 import dataclasses
 import json
 import signal
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -17,13 +19,23 @@ from etils import epath
 from lmsuite import partitioning
 from lmsuite.data import mixtures
 from lmsuite.models import Transformer, memory_shapes
-from lmsuite.training import checkpointing, input_pipeline, recipes, report, step
+from lmsuite.training import checkpointing, input_pipeline, lease, recipes, report, step
+from lmsuite.training.checkpointing import CheckpointWriteError
+from lmsuite.training.lease import LeaseHeldError
 from lmsuite.training.metrics import MetricsLog
 from lmsuite.training.progress import NonFiniteLossError, RateWindow, StepLog
 from lmsuite.training.train_config import TrainConfig
 from lmsuite.training.train_state import abstract_state, create_sharded_state
 
-__all__ = ["NonFiniteLossError", "Preempted", "RateWindow", "RunResult", "train"]
+__all__ = [
+    "CheckpointWriteError",
+    "LeaseHeldError",
+    "NonFiniteLossError",
+    "Preempted",
+    "RateWindow",
+    "RunResult",
+    "train",
+]
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, but nothing was lost.
 DIVERGED_EXIT_CODE = 3
@@ -56,6 +68,8 @@ def train(config: TrainConfig) -> RunResult:
       NonFiniteLossError: a NaN/Inf loss without `trainer.skip_nonfinite` (the last good
         checkpoint is left untouched; nothing is saved after the bad step).
       Preempted: SIGTERM; a checkpoint of the current step was saved first.
+      LeaseHeldError: another live `train` holds the run directory (`lease`).
+      CheckpointWriteError: a save failed (a full disk); the committed steps are intact.
     """
     # --------------------------------------------------------------- checks and records
     if not isinstance(config, TrainConfig):
@@ -64,8 +78,28 @@ def train(config: TrainConfig) -> RunResult:
             f"got {type(config).__name__}"
         )
     config.validate()
+    model_dir = checkpointing.absolute(config.checkpointing.model_dir)
+    # One writer per run directory; taken before anything in it is written.
+    writer = _take_lease(model_dir)
+    try:
+        return _train(config, model_dir, writer)
+    finally:
+        if writer is not None:
+            writer.release()
+
+
+def _take_lease(model_dir: epath.Path) -> lease.Lease | None:
+    """Process 0's lease on `model_dir` (None on the other processes of a pod)."""
+    if jax.process_index() != 0:
+        return None
+    model_dir.mkdir(parents=True, exist_ok=True)
+    return lease.Lease(model_dir)
+
+
+def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | None) -> RunResult:
+    """`train` once the run directory is this process's."""
     data, trainer = config.data, config.trainer
-    model_dir = write_records(config)
+    write_records(config)
     built = recipes.build(
         config.recipe, model_config=config.model, tasks=mixtures.task_names(data.task)
     )
@@ -100,6 +134,12 @@ def train(config: TrainConfig) -> RunResult:
     state, batches_consumed = _restore(ckpt, state, state_shardings)
     start_step = int(state.step)
     log = MetricsLog(model_dir=model_dir, resume_step=start_step)
+    if start_step:
+        committed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ckpt.commit_time(start_step)))
+        _say(
+            f"resumed from step {start_step} (committed {committed}, data position "
+            f"{batches_consumed} batches of {data.batch_size})"
+        )
 
     # ---------------------------------------------------------------------------- input
     batch_shapes = {
@@ -167,6 +207,8 @@ def train(config: TrainConfig) -> RunResult:
                 log.write(done, last_eval)
             if do_save:
                 ckpt.save(done, state, {"batches_consumed": done})
+                if writer is not None:
+                    writer.renew()
             if done in stage_starts:  # a continual schedule's next stage begins
                 log.write(done, {"data/stage": stage_starts[done]})
             if stop:
@@ -188,6 +230,11 @@ def train(config: TrainConfig) -> RunResult:
         ckpt.close()
         log.close()
     return result
+
+
+def _say(line: str) -> None:
+    if jax.process_index() == 0:
+        print(f"lmsuite: {line}", file=sys.stderr, flush=True)
 
 
 def write_records(config: TrainConfig) -> epath.Path:

@@ -4,8 +4,12 @@
   {"step": 10, "loss": 5.91, "learning_rate": 0.0001, "grad_norm": 1.3, "tokens_per_sec": 8123.0,
    "mlm_accuracy": 0.04, ...}
 Floats are written with Python's shortest round-trip repr, so a float32 loss read back is
-bit-identical. On resume, lines for steps after the restored step are dropped first, so the file
-is one history.
+bit-identical. The file is only ever appended to: a resumed run first writes a marker,
+  {"step": 20, "resumed": true}
+and its own lines follow. `read_jsonl` reads one history from it: at a marker, the lines of the
+steps after the restored one (logged by the run that was stopped, and about to be logged again)
+are dropped. A torn last line (a kill mid-write) is ended before the marker, so it stays one
+unreadable line.
 """
 
 import json
@@ -26,16 +30,19 @@ class MetricsLog:
         self.writer = metric_writers.create_default_writer(
             str(epath.Path(model_dir) / "tensorboard"), just_logging=not self.is_writer
         )
-        if self.is_writer:
-            truncate_after(self.path, resume_step)
+        if self.is_writer and resume_step and self.path.exists():
+            self._append(_end_torn_line(self.path) + json.dumps(_marker(resume_step)) + "\n")
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
         scalars = {k: float(v) for k, v in scalars.items()}
         self.writer.write_scalars(step, scalars)
         if self.is_writer:
             record = {"step": step} | {k: _json_float(v) for k, v in scalars.items()}
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            self._append(json.dumps(record) + "\n")
+
+    def _append(self, text: str) -> None:
+        with self.path.open("a") as f:
+            f.write(text)
 
     def close(self) -> None:
         self.writer.flush()
@@ -47,26 +54,33 @@ def _json_float(x: float):
     return x if math.isfinite(x) else str(x)
 
 
+RESUMED = "resumed"
+
+
+def _marker(step: int) -> dict:
+    return {"step": step, RESUMED: True}
+
+
+def _end_torn_line(path: epath.Path) -> str:
+    """A newline when the file's last line is unfinished (a kill mid-write), else nothing."""
+    text = path.read_text()
+    return "\n" if text and not text.endswith("\n") else ""
+
+
 def read_jsonl(path: str | epath.PathLike) -> list[dict]:
-    """The complete records of a metrics.jsonl (a torn last line from a kill is ignored)."""
-    records = []
+    """One history from a metrics.jsonl: the complete records, with the lines a resumed run
+    replaced dropped (see the module docstring); unreadable (torn) lines are skipped."""
+    records: list[dict] = []
     path = epath.Path(path)
     if not path.exists():
         return records
     for line in path.read_text().splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            break
+            continue
+        if record.get(RESUMED) is True:
+            records = [r for r in records if r["step"] <= record["step"]]
+        else:
+            records.append(record)
     return records
-
-
-def truncate_after(path: str | epath.PathLike, step: int) -> None:
-    """Keeps only complete records with `step <= step` (atomically rewritten)."""
-    path = epath.Path(path)
-    if not path.exists():
-        return
-    kept = [r for r in read_jsonl(path) if r["step"] <= step]
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    tmp.replace(path)

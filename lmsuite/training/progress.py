@@ -108,6 +108,7 @@ class StepLog:
         scalars["tokens_per_sec"] = tokens_per_sec
         scalars["steps_per_sec"] = steps_per_sec
         scalars["input_wait_sec"] = self._input_wait()
+        scalars["checkpoint_wait_sec"] = self._ckpt.wait_seconds
         mfu = report.mfu(
             flops_per_step=self.flops_per_step,
             steps_per_sec=steps_per_sec,

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from lmsuite.training import metrics
+
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_STEPS = 30
 
@@ -87,7 +89,10 @@ def run(model_dir: Path, *bindings: str, timeout: float = 600, **extra_env):
 
 
 def start(model_dir: Path, *bindings: str, **extra_env) -> subprocess.Popen:
-    return subprocess.Popen(
+    """Starts a run; `wait_for_step` then reads only the lines it appends to metrics.jsonl."""
+    path = model_dir / "metrics.jsonl"
+    offset = path.stat().st_size if path.exists() else 0
+    process = subprocess.Popen(
         command(model_dir, *bindings),
         env=env(**extra_env),
         stdout=subprocess.DEVNULL,
@@ -95,35 +100,49 @@ def start(model_dir: Path, *bindings: str, **extra_env) -> subprocess.Popen:
         text=True,
         cwd=REPO,
     )
+    process.metrics_offset = offset
+    return process
 
 
-def losses(model_dir: Path) -> dict[int, float]:
-    """step -> loss from metrics.jsonl (complete lines only)."""
-    out = {}
+def new_steps(process: subprocess.Popen, model_dir: Path) -> list[int]:
+    """The steps whose loss `process` has logged so far (complete lines)."""
     path = model_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(process.metrics_offset)
+        text = f.read().decode()
+    steps = []
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            break
+            continue
         if "loss" in record:
-            out[record["step"]] = record["loss"]
-    return out
+            steps.append(record["step"])
+    return steps
+
+
+def losses(model_dir: Path) -> dict[int, float]:
+    """step -> loss from metrics.jsonl's history (see `metrics.read_jsonl`)."""
+    records = metrics.read_jsonl(model_dir / "metrics.jsonl")
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
 def wait_for_step(process: subprocess.Popen, model_dir: Path, step: int, timeout: float = 600):
     """Polls metrics.jsonl until `step` is logged (or the process ends)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if max(losses(model_dir), default=0) >= step or process.poll() is not None:
+        if max(new_steps(process, model_dir), default=0) >= step or process.poll() is not None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"step {step} not reached in {timeout} s")
 
 
 def committed_steps(model_dir: Path) -> list[int]:
+    """The steps Orbax committed (renamed from its temporary name), oldest first."""
     root = model_dir / "checkpoints"
-    return sorted(int(p.name) for p in root.iterdir() if (p / "COMMITTED").exists())
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
 
 
 def copy_run(source: Path, target: Path) -> Path:

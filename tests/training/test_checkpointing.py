@@ -1,6 +1,9 @@
-"""Checkpoints: round trip, keep policy, damaged steps named and skipped, temp dirs cleaned."""
+"""Checkpoints: round trip, keep policy, one save in flight, committed when written, damaged
+steps named with their file and skipped, unfinished saves named and cleaned, failures named."""
 
+import json
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -62,22 +65,63 @@ def _largest_file(step_dir):
     return max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["missing_file", "truncated_array", "no_commit"])
+def test_a_finished_save_is_committed_without_another_save_or_close(tmp_path):
+    directory = tmp_path / "ckpt"
+    ckpt = checkpointing.Checkpointer(directory=directory, nice=19)
+    ckpt.save(1, _state(1), {"batches_consumed": 10})
+    deadline = time.monotonic() + 120
+    while not (directory / "1").exists():  # Orbax's rename: the commit
+        assert time.monotonic() < deadline, "step 1 was not committed"
+        time.sleep(0.05)
+    manifest = json.loads((directory / "1" / checkpointing.MANIFEST).read_text())
+    assert any(name.startswith("state/") for name in manifest["files"])
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    checkpointing.verify(directory / "1")
+    ckpt.close()
+
+
+def test_one_save_in_flight_the_next_waits_for_its_commit(tmp_path):
+    directory = tmp_path / "ckpt"
+    ckpt = checkpointing.Checkpointer(directory=directory, nice=19)
+    slow_start = ckpt.manager.save
+
+    def slow(step, *args, **kwargs):
+        time.sleep(1.5)  # a save that outlasts the checkpoint interval
+        return slow_start(step, *args, **kwargs)
+
+    ckpt.manager.save = slow
+    ckpt.save(1, _state(1), {"batches_consumed": 10})
+    assert not (directory / "1").exists()
+    ckpt.save(2, _state(2), {"batches_consumed": 20})
+    # save(2) returned only once step 1 was committed, and counted the wait.
+    assert (directory / "1" / checkpointing.MANIFEST).exists()
+    assert ckpt.wait_seconds >= 1.0
+    ckpt.close()
+    assert checkpointing.Checkpointer(directory=directory).committed_steps() == [1, 2]
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["missing_file", "truncated_array", "flipped_byte"])
 def test_damaged_newest_step_is_named_and_previous_restored(tmp_path, capsys, damage):
     directory = tmp_path / "ckpt"
     _save_steps(directory, [1, 2])
     step_dir = directory / "2"
+    victim = _largest_file(step_dir)
+    name = str(victim.relative_to(step_dir))
     if damage == "missing_file":
-        victim = next(p for p in step_dir.rglob("*") if p.is_file() and p.name != "COMMITTED")
         victim.unlink()
-        expected = f"missing {victim.relative_to(step_dir)}"
+        expected = f"{name} is missing"
     elif damage == "truncated_array":
-        victim = _largest_file(step_dir)
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-        expected = f"{victim.relative_to(step_dir)} has"
+        expected = f"{name} has {victim.stat().st_size} bytes"
     else:
-        (step_dir / "COMMITTED").unlink()
-        expected = "no COMMITTED marker"
+        _flip_a_byte(victim)
+        expected = f"{name} has the right size but its SHA-256 differs"
     ckpt = checkpointing.Checkpointer(directory=directory)
     state, data = ckpt.restore_latest(_abstract())
     err = capsys.readouterr().err
@@ -90,13 +134,38 @@ def test_damaged_newest_step_is_named_and_previous_restored(tmp_path, capsys, da
     assert checkpointing.Checkpointer(directory=directory).committed_steps() == [1, 2]
 
 
-def test_leftover_temporary_directories_are_removed_at_start(tmp_path):
+def test_a_step_without_checksums_loads_with_a_warning(tmp_path, capsys):
+    """A step an older lmsuite left without its marker is complete by Orbax's commit."""
+    directory = tmp_path / "ckpt"
+    _save_steps(directory, [1, 2])
+    (directory / "2" / checkpointing.MANIFEST).unlink()
+    state, _ = checkpointing.Checkpointer(directory=directory).restore_latest(_abstract())
+    assert int(state.step) == 2
+    assert "checkpoint step 2 has no checksums" in capsys.readouterr().err
+
+
+def test_a_manifest_of_sizes_only_is_still_checked_for_sizes(tmp_path, capsys):
+    directory = tmp_path / "ckpt"
+    _save_steps(directory, [1, 2])
+    manifest = directory / "2" / checkpointing.MANIFEST
+    files = json.loads(manifest.read_text())["files"]
+    manifest.write_text(json.dumps({name: f["bytes"] for name, f in files.items()}))
+    checkpointing.verify(directory / "2")
+    victim = _largest_file(directory / "2")
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.raises(checkpointing.DamagedCheckpointError, match="has 100 bytes"):
+        checkpointing.verify(directory / "2")
+
+
+def test_unfinished_saves_are_named_and_removed_at_start(tmp_path, capsys):
     directory = tmp_path / "ckpt"
     _save_steps(directory, [1])
-    leftover = directory / "2.orbax-checkpoint-tmp-1234"
+    # The name the pinned Orbax gives a step while it is being written.
+    leftover = directory / f"2{checkpointing.TMP_SUFFIX}"
     (leftover / "state").mkdir(parents=True)
     checkpointing.Checkpointer(directory=directory)
     assert not leftover.exists()
+    assert f"removing {leftover}: an unfinished save" in capsys.readouterr().err
 
 
 def test_complete_checkpoint_of_another_shape_is_an_error_not_a_fallback(tmp_path):
@@ -139,38 +208,25 @@ def test_niced_save_copies_the_state_so_donation_cannot_corrupt_it(tmp_path):
         checkpointing.Checkpointer(directory=tmp_path / "x", nice=20)
 
 
-def test_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypatch):
-    ckpt = checkpointing.Checkpointer(directory=tmp_path / "ckpt", nice=19)
-
-    def disk_full(*args, **kwargs):
-        raise OSError("No space left on device")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(ckpt.manager, "save", disk_full)
-        ckpt.save(1, _state(1), {"batches_consumed": 10})  # returns: the worker fails later
-        with pytest.raises(OSError, match="No space left"):
-            ckpt.commit()
-    ckpt.save(2, _state(2), {"batches_consumed": 20})
-    ckpt.close()
-    assert checkpointing.Checkpointer(directory=tmp_path / "ckpt").committed_steps() == [2]
-
-
-def test_a_failed_save_is_raised_even_when_another_save_was_queued_behind_it(tmp_path):
-    ckpt = checkpointing.Checkpointer(directory=tmp_path / "ckpt", nice=19)
-    release = threading.Event()
-    ckpt._worker.submit(release.wait)  # hold the worker so that both saves queue up
+def test_a_failed_background_save_is_one_named_error_from_the_next_call(tmp_path):
+    directory = tmp_path / "ckpt"
+    _save_steps(directory, [1])
+    ckpt = checkpointing.Checkpointer(directory=directory, nice=19)
     original = ckpt.manager.save
 
-    def fail_step_1(step, *args, **kwargs):
-        if step == 1:
-            raise OSError("No space left on device")
+    def disk_full(step, *args, **kwargs):
+        if step == 2:
+            raise OSError(28, "No space left on device")
         return original(step, *args, **kwargs)
 
-    ckpt.manager.save = fail_step_1
-    ckpt.save(1, _state(1), {"batches_consumed": 10})
-    ckpt.save(2, _state(2), {"batches_consumed": 20})
-    release.set()
-    with pytest.raises(OSError, match="No space left"):
-        ckpt.commit()
+    ckpt.manager.save = disk_full
+    ckpt.save(2, _state(2), {"batches_consumed": 20})  # returns: the worker fails later
+    with pytest.raises(checkpointing.CheckpointWriteError) as raised:
+        ckpt.save(3, _state(3), {"batches_consumed": 30})
+    message = str(raised.value)
+    assert f"checkpoint step 2 could not be written to {directory}: the disk is full (" in message
+    assert "MiB free); the newest committed checkpoint is step 1" in message
+    assert "\n" not in message
+    ckpt.save(3, _state(3), {"batches_consumed": 30})  # the next save goes ahead
     ckpt.close()
-    assert checkpointing.Checkpointer(directory=tmp_path / "ckpt").committed_steps() == [2]
+    assert checkpointing.Checkpointer(directory=directory).committed_steps() == [1, 3]

@@ -11,16 +11,23 @@ from lmsuite import partitioning
 from lmsuite.training import metrics, report
 
 
-def test_truncate_drops_later_steps_and_a_torn_last_line(tmp_path):
+def test_a_resumed_log_appends_and_reads_back_as_one_history(tmp_path):
     path = tmp_path / "metrics.jsonl"
     loss = float(np.float32(2.7182817))
     lines = [json.dumps({"step": s, "loss": loss + s}) for s in range(1, 6)]
-    path.write_text("\n".join(lines) + '\n{"step": 6, "lo')
+    before = "\n".join(lines) + '\n{"step": 6, "lo'  # killed while writing step 6
+    path.write_text(before)
     assert [r["step"] for r in metrics.read_jsonl(path)] == [1, 2, 3, 4, 5]
-    metrics.truncate_after(path, 3)
+    log = metrics.MetricsLog(model_dir=tmp_path, resume_step=3)  # restored from step 3
+    for step in (4, 5, 6):
+        log.write(step, {"loss": -step})
+    log.close()
+    text = path.read_text()
+    assert text.startswith(before + "\n")  # nothing of the stopped run is rewritten
     records = metrics.read_jsonl(path)
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert records[0]["loss"] == loss + 1  # bit-exact round trip
+    assert [r["loss"] for r in records[3:]] == [-4, -5, -6]  # the resumed run's lines
 
 
 def test_metrics_log_writes_jsonl_and_tensorboard(tmp_path):
