@@ -34,8 +34,8 @@ an attempt, numbered one past the highest in $MODEL_DIR/logs (1, 2, ...): proces
 $MODEL_DIR/logs/attempt-K/process_I.log, $MODEL_DIR/logs/latest points to the newest attempt,
 and no earlier attempt's log is overwritten. The script waits for all N. When one fails, it
 prints `attempt K: process I exited with status S` and the last 20 lines of that process's own
-log, leaving out the collective library's [Gloo] lines (it says how many); the others (which
-would wait forever at their next collective) get SIGTERM, and SIGKILL after
+log, leaving out empty lines and the collective library's [Gloo] lines (it says how many); the
+others (which would wait forever at their next collective) get SIGTERM, and SIGKILL after
 LMSUITE_KILL_GRACE_SECONDS (default 10); the script exits with the failed status (143 when
 preempted). SIGINT and SIGTERM sent to the script are passed on to every process.
 
@@ -158,12 +158,18 @@ claim_attempt() {  # creates attempt_dir, $MODEL_DIR/logs/attempt-K, and points 
 
 # The failed process's own lines, without the collective library's: every process prints those
 # (gloo's connection chatter, a peer's lost connection once one dies), burying the error. Only
-# [Gloo] lines go: the coordination service's lines can be the error itself.
+# [Gloo] lines go: the coordination service's lines can be the error itself. Empty lines go too:
+# gloo's threads write two messages on one line and leave an empty one behind.
 report_log_end() {  # report_log_end LOG: its last 20 lines, [Gloo] lines left out
   awk -v me="$SCRIPT_NAME" -v file="$1" -v n=20 '
     /^\[Gloo\]/ { left_out++; next }
+    /^[ \t]*$/ { next }
     { kept[++count % n] = $0 }
     END {
+      if (count == 0) {  # killed before it wrote a line of its own, or by SIGKILL mid-step
+        printf "%s: %s has no lines of its own (%d [Gloo] lines left out)\n", me, file, left_out
+        exit
+      }
       first = count > n ? count - n + 1 : 1
       printf "%s: the last %d lines of %s (%d [Gloo] lines left out):\n", me, count - first + 1,
         file, left_out

@@ -488,14 +488,14 @@ def test_local_relaunch_keeps_each_attempts_logs(local, tmp_path):
         for i in range(3):
             log = (logs / f"attempt-{attempt}/process_{i}.log").read_text()
             assert log == f"process {i} says hello in launch {mark}\n"
-    assert (logs / "latest").resolve() == logs / "attempt-2"
+    assert (logs / "latest").readlink() == Path("attempt-2")
     # One past the highest attempt, not the first gap: numbers follow the order of launches.
     (logs / "attempt-2").rename(logs / "attempt-5")
     dry = run("launch.sh", local, *LOCAL, "--dry-run", "--", "--gin_file=g.gin")
     assert "# attempt 6: " in dry.stdout
     result = run("launch.sh", local, *LOCAL, "--", "--gin_file=g.gin")
     assert "attempt 6: logs in" in result.stderr
-    assert (logs / "latest").resolve() == logs / "attempt-6"
+    assert (logs / "latest").readlink() == Path("attempt-6")
 
 
 @pytest.mark.parametrize("status", [7, 143])
@@ -531,6 +531,23 @@ def test_local_failure_report_of_a_short_log(local):
     assert report[0].endswith("attempt-1/process_0.log (3 [Gloo] lines left out):")
     own = ["process 0 says hello", "step 1", "step 2", "Traceback (most recent call last):"]
     assert report[1:] == [f"  {line}" for line in own + ["ValueError: process 0 broke"]]
+
+
+def test_local_failure_report_of_a_log_with_only_gloo_lines(local, tmp_path):
+    # As a pod process killed by SIGKILL left it: two of gloo's lines run together, an empty one.
+    lines = r"[Gloo] Rank 0 is up\n[Gloo] Rank 0 is up[Gloo] Rank 1 is up\n\n"
+    killed = _executable(
+        tmp_path / "killed", f"#!/usr/bin/env bash\nprintf '{lines}'\nkill -KILL $$\n"
+    )
+    result = run(
+        "launch.sh", {**local, "LMSUITE": str(killed)}, "--local", "1", "--", "--gin_file=g"
+    )
+    assert result.returncode == 137
+    log = tmp_path / "run/logs/attempt-1/process_0.log"
+    assert result.stderr.endswith(
+        "launch.sh: attempt 1: process 0 exited with status 137; stopping the others\n"
+        f"launch.sh: {log} has no lines of its own (2 [Gloo] lines left out)\n"
+    )
 
 
 def test_local_forwards_signals(local, tmp_path):
