@@ -214,7 +214,7 @@ launch_local() {
       unset "live[$pid]"
       if ((status != 0)) && [[ -z $failed ]]; then
         failed=$i failed_status=$status
-        # Reported before the others are stopped: their exits add only [Gloo] lines elsewhere.
+        # Reported at once, not after the others' grace period: this log is complete now.
         printf '%s: attempt %s: process %s exited with status %s; stopping the others\n' \
           "$SCRIPT_NAME" "$attempt" "$i" "$status" >&2
         report_log_end "$attempt_dir/process_$i.log" >&2
