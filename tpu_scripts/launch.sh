@@ -29,12 +29,15 @@ keeps gin's string quotes and the spaces.
   JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=D
   $LMSUITE train --distributed --coordinator_address=localhost:P --num_processes=N
                --process_id=I --model_dir=$MODEL_DIR ...
-LMSUITE defaults to .venv/bin/lmsuite; MODEL_DIR is a local directory here, and process I
-logs to $MODEL_DIR/logs/process_I.log. The script waits for all N. When one fails, the others
-(which would wait forever at their next collective) get SIGTERM, and SIGKILL after
-LMSUITE_KILL_GRACE_SECONDS (default 10); the script then prints the failed process's id and
-the end of its log, and exits with its status (143 when preempted). SIGINT and SIGTERM sent to
-the script are passed on to every process.
+LMSUITE defaults to .venv/bin/lmsuite; MODEL_DIR is a local directory here. Each launch is
+an attempt, numbered one past the highest in $MODEL_DIR/logs (1, 2, ...): process I logs to
+$MODEL_DIR/logs/attempt-K/process_I.log, $MODEL_DIR/logs/latest points to the newest attempt,
+and no earlier attempt's log is overwritten. The script waits for all N. When one fails, it
+prints `attempt K: process I exited with status S` and the last 20 lines of that process's own
+log, leaving out empty lines and the collective library's [Gloo] lines (it says how many); the
+others (which would wait forever at their next collective) get SIGTERM, and SIGKILL after
+LMSUITE_KILL_GRACE_SECONDS (default 10); the script exits with the failed status (143 when
+preempted). SIGINT and SIGTERM sent to the script are passed on to every process.
 
   --local N                  N processes on this machine instead of the pod
   --devices-per-process D    CPU devices per process (default 1)
@@ -129,6 +132,51 @@ signal_all() {  # each process leads its own group (setsid): the signal reaches 
   for pid in "${!live[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
 }
 
+# Each launch gets its own numbered log directory, one past the highest there is, so a relaunch
+# after a failure keeps the failed attempt's logs.
+next_attempt() {  # sets attempt: one past the highest K of $MODEL_DIR/logs/attempt-K
+  local dir k
+  attempt=1
+  for dir in "$MODEL_DIR"/logs/attempt-*; do  # the pattern itself when nothing matches
+    k="${dir##*/attempt-}"
+    if [[ $k =~ ^[1-9][0-9]*$ ]] && ((k >= attempt)); then attempt=$((k + 1)); fi
+  done
+}
+
+claim_attempt() {  # creates attempt_dir, $MODEL_DIR/logs/attempt-K, and points logs/latest to it
+  mkdir -p "$MODEL_DIR/logs"
+  next_attempt
+  attempt_dir="$MODEL_DIR/logs/attempt-$attempt"
+  # mkdir, not mkdir -p: it fails when a launch started at the same moment took this K.
+  until mkdir "$attempt_dir" 2>/dev/null; do
+    [[ -d $attempt_dir ]] || die "cannot create $attempt_dir"
+    attempt=$((attempt + 1))
+    attempt_dir="$MODEL_DIR/logs/attempt-$attempt"
+  done
+  ln -sfn "attempt-$attempt" "$MODEL_DIR/logs/latest"
+}
+
+# The failed process's own lines, without the collective library's: every process prints those
+# (gloo's connection chatter, a peer's lost connection once one dies), burying the error. Only
+# [Gloo] lines go: the coordination service's lines can be the error itself. Empty lines go too:
+# gloo's threads write two messages on one line and leave an empty one behind.
+report_log_end() {  # report_log_end LOG: its last 20 lines, [Gloo] lines left out
+  awk -v me="$SCRIPT_NAME" -v file="$1" -v n=20 '
+    /^\[Gloo\]/ { left_out++; next }
+    /^[ \t]*$/ { next }
+    { kept[++count % n] = $0 }
+    END {
+      if (count == 0) {  # killed before it wrote a line of its own, or by SIGKILL mid-step
+        printf "%s: %s has no lines of its own (%d [Gloo] lines left out)\n", me, file, left_out
+        exit
+      }
+      first = count > n ? count - n + 1 : 1
+      printf "%s: the last %d lines of %s (%d [Gloo] lines left out):\n", me, count - first + 1,
+        file, left_out
+      for (i = first; i <= count; i++) print "  " kept[i % n]
+    }' "$1"
+}
+
 launch_local() {
   LMSUITE="${LMSUITE:-.venv/bin/lmsuite}"
   check_local "$@"
@@ -138,17 +186,20 @@ launch_local() {
       local_command "$i" "$@"
       run "${cmd[@]}"
     done
-    note "each under setsid, output to $MODEL_DIR/logs/process_I.log"
+    next_attempt
+    note "attempt $attempt: each under setsid, output to" \
+      "$MODEL_DIR/logs/attempt-$attempt/process_I.log"
     return 0
   fi
-  mkdir -p "$MODEL_DIR/logs"
+  claim_attempt
+  printf '%s: attempt %s: logs in %s/process_I.log\n' "$SCRIPT_NAME" "$attempt" "$attempt_dir" >&2
   # In their own sessions the processes miss a terminal's Ctrl-C, so it is passed on.
   trap 'signal_all INT' INT
   trap 'signal_all TERM' TERM
   for ((i = 0; i < local_n; i++)); do
     local_command "$i" "$@"
     printf '+ %s\n' "$(quote "${cmd[@]}")" >&2
-    setsid "${cmd[@]}" >"$MODEL_DIR/logs/process_$i.log" 2>&1 &
+    setsid "${cmd[@]}" >"$attempt_dir/process_$i.log" 2>&1 &
     live[$!]=$i
   done
 
@@ -163,6 +214,10 @@ launch_local() {
       unset "live[$pid]"
       if ((status != 0)) && [[ -z $failed ]]; then
         failed=$i failed_status=$status
+        # Reported at once, not after the others' grace period: this log is complete now.
+        printf '%s: attempt %s: process %s exited with status %s; stopping the others\n' \
+          "$SCRIPT_NAME" "$attempt" "$i" "$status" >&2
+        report_log_end "$attempt_dir/process_$i.log" >&2
         signal_all TERM
         deadline=$((SECONDS + LMSUITE_KILL_GRACE_SECONDS))
       fi
@@ -170,13 +225,7 @@ launch_local() {
     if [[ -n $deadline ]] && ((SECONDS >= deadline)); then signal_all KILL; fi
     sleep 0.2
   done
-  if [[ -n $failed ]]; then
-    local log="$MODEL_DIR/logs/process_$failed.log"
-    printf '%s: process %s exited with status %s; the others were stopped. End of %s:\n' \
-      "$SCRIPT_NAME" "$failed" "$failed_status" "$log" >&2
-    tail -n 20 "$log" >&2
-    exit "$failed_status"
-  fi
+  if [[ -n $failed ]]; then exit "$failed_status"; fi
 }
 
 if [[ -n $local_n ]]; then launch_local "$@"; else launch_pod "$@"; fi

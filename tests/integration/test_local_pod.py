@@ -44,14 +44,18 @@ def _pod(model_dir: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _run_pod(model_dir: Path) -> dict[int, float]:
+def _run_pod(model_dir: Path, attempt: int = 1) -> dict[int, float]:
     pod = _pod(model_dir)
     _, stderr = pod.communicate(timeout=900)
     assert pod.returncode == 0, stderr[-3000:]
-    assert sorted((model_dir / "logs").glob("process_*.log")) == [
-        model_dir / "logs" / "process_0.log",
-        model_dir / "logs" / "process_1.log",
-    ]
+    logs = model_dir / "logs"
+    assert f"attempt {attempt}: logs in {logs}/attempt-{attempt}/" in stderr
+    assert (logs / "latest").readlink() == Path(f"attempt-{attempt}")
+    for k in range(1, attempt + 1):  # an earlier attempt's logs are kept
+        assert sorted(p.name for p in (logs / f"attempt-{k}").iterdir()) == [
+            "process_0.log",
+            "process_1.log",
+        ]
     return smoke.losses(model_dir)
 
 
@@ -98,10 +102,10 @@ def _kill_one_process_and_relaunch(pod_losses, model_dir: Path, seed: int):
         os.kill(int(pid), signal.SIGKILL)
     _, stderr = pod.communicate(timeout=300)
     assert pod.returncode != 0
-    assert "process 1 exited with status" in stderr, stderr[-3000:]
+    assert "attempt 1: process 1 exited with status" in stderr, stderr[-3000:]
     assert 10 in smoke.committed_steps(model_dir)
     assert smoke.SMOKE_STEPS not in smoke.committed_steps(model_dir)
-    resumed = _run_pod(model_dir)
+    resumed = _run_pod(model_dir, attempt=2)
     assert resumed == pod_losses, f"process 1 killed after step {kill_after}"
 
 

@@ -40,16 +40,23 @@ esac
 
 # Stands in for `lmsuite train`: records its flags and environment, then with HOLD=1 waits to be
 # signalled, as a peer stuck in a collective; process FAIL_ID exits FAIL_STATUS once all
-# PEERS are up (their pid files written, their traps set).
+# PEERS are up (their pid files written, their traps set), its log ending as a real one does:
+# STEPS steps (default 30), then a traceback, with gloo's lines among them and after them.
 FAKE_LMSUITE = r"""#!/usr/bin/env bash
 for arg; do [[ $arg == --process_id=* ]] && id=${arg#*=}; done
 [[ ${HOLD:-0} == 1 ]] && trap 'echo TERM > "$OUT/signal_$id"; exit 143' TERM
 printf '%s\n' "$@" > "$OUT/args_$id"
 echo "JAX_PLATFORMS=$JAX_PLATFORMS XLA_FLAGS=$XLA_FLAGS" > "$OUT/env_$id"
-echo "process $id says hello"
+echo "process $id says hello${MARK:+ in launch $MARK}"
 echo $$ > "$OUT/pid_$id"
 if [[ $id == "${FAIL_ID:-none}" ]]; then
   until (($(compgen -G "$OUT/pid_*" | wc -l) >= PEERS)); do sleep 0.05; done
+  for step in $(seq 1 "${STEPS:-30}"); do
+    echo "[Gloo] Rank $id is connected to 2 peer ranks. Expected number of connected peer ranks..."
+    echo "step $step"
+  done
+  printf '%s\n' "Traceback (most recent call last):" "ValueError: process $id broke"
+  echo "[Gloo] Rank $id lost its connection to peer rank 0"
   exit "$FAIL_STATUS"
 fi
 [[ ${HOLD:-0} == 1 ]] && { sleep 30 & wait; }
@@ -443,13 +450,19 @@ def test_local_dry_run(local, tmp_path):
         assert flags(c)["--num_processes"] == "3" and flags(c)["--model_dir"] == local["MODEL_DIR"]
         assert c[-1] == "--gin.NAME='x y'"
     assert list((tmp_path / "out").iterdir()) == []  # nothing ran
+    assert not (tmp_path / "run").exists()  # and nothing was created
+    assert f"# attempt 1: each under setsid, output to {local['MODEL_DIR']}/logs/attempt-1/" in (
+        result.stdout
+    )
 
 
 def test_local_all_succeed(local, tmp_path):
     result = run("launch.sh", local, *LOCAL, "--", "--gin_file=g.gin", "--gin.RECIPE='bert'")
     assert result.returncode == 0, result.stderr
+    logs = tmp_path / "run/logs/attempt-1"
+    assert f"launch.sh: attempt 1: logs in {logs}/process_I.log" in result.stderr
     for i in range(3):
-        assert "says hello" in (tmp_path / f"run/logs/process_{i}.log").read_text()
+        assert "says hello" in (logs / f"process_{i}.log").read_text()
         args = (tmp_path / f"out/args_{i}").read_text().splitlines()
         assert f"--process_id={i}" in args and "--num_processes=3" in args
         assert "--coordinator_address=localhost:9999" in args and args[-1] == "--gin.RECIPE='bert'"
@@ -465,18 +478,76 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def test_local_relaunch_keeps_each_attempts_logs(local, tmp_path):
+    logs = tmp_path / "run/logs"
+    for mark in ("one", "two"):
+        result = run("launch.sh", local, *LOCAL, "--", "--gin_file=g.gin", MARK=mark)
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in logs.iterdir()) == ["attempt-1", "attempt-2", "latest"]
+    for attempt, mark in [(1, "one"), (2, "two")]:
+        for i in range(3):
+            log = (logs / f"attempt-{attempt}/process_{i}.log").read_text()
+            assert log == f"process {i} says hello in launch {mark}\n"
+    assert (logs / "latest").readlink() == Path("attempt-2")
+    # One past the highest attempt, not the first gap: numbers follow the order of launches.
+    (logs / "attempt-2").rename(logs / "attempt-5")
+    dry = run("launch.sh", local, *LOCAL, "--dry-run", "--", "--gin_file=g.gin")
+    assert "# attempt 6: " in dry.stdout
+    result = run("launch.sh", local, *LOCAL, "--", "--gin_file=g.gin")
+    assert "attempt 6: logs in" in result.stderr
+    assert (logs / "latest").readlink() == Path("attempt-6")
+
+
 @pytest.mark.parametrize("status", [7, 143])
 def test_local_one_fails_the_others_are_stopped(local, tmp_path, status):
     start = time.monotonic()
     result = run("launch.sh", local, *LOCAL, "--", "--gin_file=g.gin",
                  HOLD="1", FAIL_ID="1", FAIL_STATUS=str(status), PEERS="3")  # fmt: skip
     assert result.returncode == status  # 143, a preempted run, stays 143
-    assert f"process 1 exited with status {status}" in result.stderr
-    assert "process 1 says hello" in result.stderr  # the end of its log
     for i in (0, 2):
         assert (tmp_path / f"out/signal_{i}").read_text().strip() == "TERM"
         assert not _alive(int((tmp_path / f"out/pid_{i}").read_text()))
     assert time.monotonic() - start < 5  # stopped, not waited for (they hold for 30 s)
+
+    # The report: the attempt, the process, then the end of its own log without gloo's lines.
+    report = result.stderr.splitlines()
+    first = report.index(f"launch.sh: attempt 1: process 1 exited with status {status}; "
+                         "stopping the others")  # fmt: skip
+    log = tmp_path / "run/logs/attempt-1/process_1.log"
+    assert report[first + 1] == f"launch.sh: the last 20 lines of {log} (31 [Gloo] lines left out):"
+    steps = [f"  step {step}" for step in range(13, 31)]
+    traceback = ["  Traceback (most recent call last):", "  ValueError: process 1 broke"]
+    assert report[first + 2 : first + 22] == steps + traceback
+    assert "[Gloo] Rank" not in result.stderr
+    assert "process 0" not in result.stderr.replace("--process_id=0", "")  # not another's log
+
+
+def test_local_failure_report_of_a_short_log(local):
+    # Fewer than 20 lines of its own: all of them, in order.
+    result = run("launch.sh", local, "--local", "1", "--", "--gin_file=g.gin",
+                 FAIL_ID="0", FAIL_STATUS="3", PEERS="0", STEPS="2")  # fmt: skip
+    assert result.returncode == 3
+    report = result.stderr.split("status 3; stopping the others\n", 1)[1].splitlines()
+    assert report[0].endswith("attempt-1/process_0.log (3 [Gloo] lines left out):")
+    own = ["process 0 says hello", "step 1", "step 2", "Traceback (most recent call last):"]
+    assert report[1:] == [f"  {line}" for line in own + ["ValueError: process 0 broke"]]
+
+
+def test_local_failure_report_of_a_log_with_only_gloo_lines(local, tmp_path):
+    # As a pod process killed by SIGKILL left it: two of gloo's lines run together, an empty one.
+    lines = r"[Gloo] Rank 0 is up\n[Gloo] Rank 0 is up[Gloo] Rank 1 is up\n\n"
+    killed = _executable(
+        tmp_path / "killed", f"#!/usr/bin/env bash\nprintf '{lines}'\nkill -KILL $$\n"
+    )
+    result = run(
+        "launch.sh", {**local, "LMSUITE": str(killed)}, "--local", "1", "--", "--gin_file=g"
+    )
+    assert result.returncode == 137
+    log = tmp_path / "run/logs/attempt-1/process_0.log"
+    assert result.stderr.endswith(
+        "launch.sh: attempt 1: process 0 exited with status 137; stopping the others\n"
+        f"launch.sh: {log} has no lines of its own (2 [Gloo] lines left out)\n"
+    )
 
 
 def test_local_forwards_signals(local, tmp_path):
