@@ -441,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmsuite: {error}", file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
     except loop.CheckpointWriteError as error:
-        print(f"lmsuite: {error}", file=sys.stderr)
+        print(f"lmsuite: {error}", file=sys.stderr, flush=True)
+        if argv is None:
+            # The failed save's pending TensorStore writes end while the interpreter shuts
+            # down and print a traceback each into the closed event loop (when they end
+            # earlier, `quiet` drops them); this line has said what happened.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         return 1
     return 0

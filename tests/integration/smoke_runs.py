@@ -12,6 +12,7 @@ from lmsuite.training import metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_STEPS = 30
+CHECKPOINT_EVERY = 10  # experiments/smoke.gin's
 
 
 def env(**extra) -> dict[str, str]:

@@ -7,6 +7,9 @@ only if the state, the optimizer, the dropout keys and the data position all res
 import random
 import re
 import signal
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -44,13 +47,10 @@ def test_kill_during_checkpoint_write_then_sigterm_then_resume_is_bitwise(refere
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 143, stderr[-3000:]
-    # The torn save is an Orbax temporary directory (removed at start) or a step without its
-    # COMMITTED marker (named on stderr and moved aside).
-    if torn == ["20"]:
-        assert "not loading checkpoint step 20" in stderr
-    assert not (model_dir / "checkpoints" / "20").exists() or "20" in str(
-        smoke.committed_steps(model_dir)
-    )
+    # The torn save is an Orbax temporary directory, named and removed at start.
+    assert torn and all(name.startswith(f"20{checkpointing.TMP_SUFFIX}") for name in torn)
+    assert f"20{checkpointing.TMP_SUFFIX}: an unfinished save" in stderr
+    assert "resumed from step 10 (committed " in stderr
     stopped_at = max(smoke.losses(model_dir))
     assert stopped_at >= 23 and f"SIGTERM at step {stopped_at}" in stderr
     assert max(smoke.committed_steps(model_dir)) == stopped_at
@@ -72,6 +72,54 @@ def _kill_at_random_step_and_resume(reference, tmp_path, seed, *bindings, low=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert smoke.losses(model_dir) == expected, f"killed after step {kill_after}"
     return kill_after
+
+
+def _resumed_from(stderr: str) -> int:
+    found = re.findall(r"resumed from step (\d+) \(committed ", stderr)
+    return int(found[0]) if found else 0
+
+
+def _kills_then_resume(reference, model_dir, seed, kills, *, first_after_commit=False):
+    """SIGKILLs a run `kills` times at random moments (at a random step, then up to half a
+    second later: before, during or after a save), resuming after each; then runs it to the
+    end. Each resume must start from the newest step committed when the process died, having
+    lost at most one checkpoint interval plus the steps run while the next save was written
+    (at most another interval: with one save in flight, the loop waits at the save after it),
+    and the losses must be the uninterrupted run's, bit for bit."""
+    _, expected = reference
+    rng = random.Random(seed)
+    every = smoke.CHECKPOINT_EVERY
+    history = []
+    resumed = 0
+    for kill in range(kills):
+        process = smoke.start(model_dir)
+        if kill == 0 and first_after_commit:  # right after the first save is committed
+            deadline = time.monotonic() + 600
+            while not (model_dir / "checkpoints" / str(every)).exists():
+                assert process.poll() is None, process.stderr.read()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            at = f"right after step {every} was committed"
+        else:
+            step = rng.randint(resumed + 1, smoke.SMOKE_STEPS - 1)
+            smoke.wait_for_step(process, model_dir, step)
+            time.sleep(rng.uniform(0, 0.5))
+            at = f"at step {step} + a moment"
+        process.kill()
+        _, stderr = process.communicate(timeout=60)
+        assert _resumed_from(stderr) == resumed, (history, stderr[-3000:])
+        logged = max(smoke.losses(model_dir), default=0)
+        committed = max(smoke.committed_steps(model_dir), default=0)
+        history.append((at, logged, committed))
+        assert logged - committed <= 2 * every, history
+        if first_after_commit and kill == 0:
+            assert committed == every, history
+        resumed = committed
+    final = smoke.run(model_dir)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert _resumed_from(final.stderr) == resumed, (history, final.stderr[-3000:])
+    assert smoke.losses(model_dir) == expected, history
+    return history
 
 
 def _memory_reference(tmp_path_factory, name, bindings):
@@ -135,14 +183,16 @@ def test_xlnet_losses_depend_on_the_memory(xlnet_reference, tmp_path):
     assert all(without[s] != with_memory[s] for s in range(1, smoke.SMOKE_STEPS + 1))
 
 
-def test_kill_9_at_a_random_step_then_resume_is_bitwise(reference, tmp_path):
-    _kill_at_random_step_and_resume(reference, tmp_path, seed=0)
+def test_kills_right_after_a_commit_and_at_random_resume_from_the_newest_save(reference, tmp_path):
+    _kills_then_resume(reference, tmp_path / "run", 0, kills=2, first_after_commit=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(1, 11))
-def test_kill_9_trials(reference, tmp_path, seed):
-    _kill_at_random_step_and_resume(reference, tmp_path, seed=seed)
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_five_kills_at_random_moments_resume_bitwise(reference, tmp_path, seed):
+    """With the four seeds, 20 kills."""
+    history = _kills_then_resume(reference, tmp_path / "run", seed, kills=5)
+    assert len(history) == 5
 
 
 @pytest.mark.slow  # damaged steps are also covered in tests/training/test_checkpointing.py
@@ -177,3 +227,55 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(reference, t
     assert "last good checkpoint is step 30" in result.stderr
     assert smoke.committed_steps(model_dir) == [10, 20, 30]
     assert (model_dir / "checkpoints" / "30" / "COMMITTED").read_text() == manifest
+
+
+def test_a_second_writer_is_refused_and_the_first_run_goes_on(reference, tmp_path):
+    _, expected = reference
+    model_dir = tmp_path / "run"
+    first = smoke.start(model_dir)
+    smoke.wait_for_step(first, model_dir, 3)
+    second = smoke.run(model_dir)
+    assert second.returncode == 2, second.stderr[-3000:]
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in second.stderr
+    assert (
+        f"is being trained by another process (host {socket.gethostname()} pid {first.pid},"
+        in (lines[0])
+    )
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-3000:]
+    assert smoke.losses(model_dir) == expected  # nothing of the first run's log was lost
+    assert not (model_dir / "LEASE").exists()  # released at the end
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs: one smoke checkpoint (3.4 MiB) fits, a second does not."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6M", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_newest_committed_step(small_disk):
+    model_dir = small_disk / "run"
+    result = smoke.run(model_dir)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert re.fullmatch(
+        rf"lmsuite: checkpoint step 20 could not be written to {model_dir}/checkpoints: the disk "
+        r"is full \([\d.]+ MiB free\); the newest committed checkpoint is step 10",
+        lines[0],
+    )
+    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["10"]
+    assert checkpointing.verify(model_dir / "checkpoints" / "10")
