@@ -17,7 +17,7 @@ from etils import epath
 from lmsuite import partitioning
 from lmsuite.data import mixtures
 from lmsuite.models import Transformer, memory_shapes
-from lmsuite.training import checkpointing, input_pipeline, recipes, report, step
+from lmsuite.training import checkpointing, input_pipeline, recipes, report, resume_checks, step
 from lmsuite.training.metrics import MetricsLog
 from lmsuite.training.progress import NonFiniteLossError, RateWindow, StepLog
 from lmsuite.training.train_config import TrainConfig
@@ -49,10 +49,12 @@ class RunResult:
 
 def train(config: TrainConfig) -> RunResult:
     """Trains `config` until `trainer.train_steps`, resuming from its model directory if that
-    holds checkpoints; writes run.json (and config.gin, for a config built by gin) there first.
+    holds checkpoints; writes run.json (and config.gin, for a config built by gin) there first,
+    after checking that a run already there is this one (`resume_checks`).
 
     Raises:
-      InvalidRunError: every configuration problem at once (`TrainConfig.validate`).
+      InvalidRunError: every configuration problem at once (`TrainConfig.validate`), or a
+        model directory that holds another run (`resume_checks`; nothing in it is written).
       NonFiniteLossError: a NaN/Inf loss without `trainer.skip_nonfinite` (the last good
         checkpoint is left untouched; nothing is saved after the bad step).
       Preempted: SIGTERM; a checkpoint of the current step was saved first.
@@ -65,7 +67,7 @@ def train(config: TrainConfig) -> RunResult:
         )
     config.validate()
     data, trainer = config.data, config.trainer
-    model_dir = write_records(config)
+    model_dir, data_plan = write_records(config)
     built = recipes.build(
         config.recipe, model_config=config.model, tasks=mixtures.task_names(data.task)
     )
@@ -98,6 +100,7 @@ def train(config: TrainConfig) -> RunResult:
         nice=checkpointing.default_checkpoint_nice() if nice is None else nice,
     )
     state, batches_consumed = _restore(ckpt, state, state_shardings)
+    batches_consumed = resume_checks.data_position(data_plan, batches_consumed)
     start_step = int(state.step)
     log = MetricsLog(model_dir=model_dir, resume_step=start_step)
 
@@ -166,7 +169,8 @@ def train(config: TrainConfig) -> RunResult:
                 last_eval = evaluate(state)
                 log.write(done, last_eval)
             if do_save:
-                ckpt.save(done, state, {"batches_consumed": done})
+                # the data position: a rescaled or restarted resume's differs from the step
+                ckpt.save(done, state, {"batches_consumed": batches_consumed + done - start_step})
             if done in stage_starts:  # a continual schedule's next stage begins
                 log.write(done, {"data/stage": stage_starts[done]})
             if stop:
@@ -190,15 +194,24 @@ def train(config: TrainConfig) -> RunResult:
     return result
 
 
-def write_records(config: TrainConfig) -> epath.Path:
+def write_records(config: TrainConfig) -> tuple[epath.Path, resume_checks.DataPlan]:
     """Creates the run directory (local or gs://) and writes run.json, what `lmsuite.load`
-    rebuilds the model from without gin, and config.gin when gin built the config."""
+    rebuilds the model from without gin, and config.gin when gin built the config; returns
+    (the directory, how a resume's data position follows the run's).
+
+    A run.json already there is compared first (`resume_checks.check_resume`): for another
+    run, InvalidRunError, and both files are left as they were.
+    """
     model_dir = checkpointing.absolute(config.checkpointing.model_dir)
+    record = config.run_record()
+    data_plan = resume_checks.check_resume(
+        model_dir / RUN_FILE, record, data_change=config.data.data_change
+    )
     model_dir.mkdir(parents=True, exist_ok=True)
     if config.operative_config is not None:
         (model_dir / GIN_FILE).write_text(config.operative_config)
-    (model_dir / RUN_FILE).write_text(json.dumps(config.run_record(), indent=1) + "\n")
-    return model_dir
+    (model_dir / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    return model_dir, data_plan
 
 
 def _initial_state(config, model, built, tx, mesh, example, carry_shapes, model_dir):
