@@ -209,9 +209,17 @@ def write_records(config: TrainConfig) -> tuple[epath.Path, resume_checks.DataPl
     )
     model_dir.mkdir(parents=True, exist_ok=True)
     if config.operative_config is not None:
-        (model_dir / GIN_FILE).write_text(config.operative_config)
-    (model_dir / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        _write_whole(model_dir / GIN_FILE, config.operative_config)
+    _write_whole(model_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
     return model_dir, data_plan
+
+
+def _write_whole(path: epath.Path, text: str) -> None:
+    """Writes `path` by renaming a finished temporary file: each process of a pod reads run.json
+    (the resume check) while another may be writing it, and must never read half of it."""
+    tmp = path.with_name(f"{path.name}.tmp-{jax.process_index()}")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _initial_state(config, model, built, tx, mesh, example, carry_shapes, model_dir):
