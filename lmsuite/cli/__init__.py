@@ -280,13 +280,17 @@ RUN_FILE = "run.json"  # = lmsuite.evaluation.run_config.RUN_FILE (evaluation ca
 def _train(args):
     """(the run's `TrainConfig`, its `RunResult`): `lmsuite.train` of the gin config."""
     import lmsuite
+    from lmsuite.training.train_config import InvalidRunError
 
     if args.distributed:
         initialize_distributed(args)
 
     text_task.prepare_run(args)  # --train_files: the recipe's task over them becomes TASK
     run = load_run(args)  # checked once, here, listed with gin's problems
-    return run, lmsuite.train(run)  # writes run.json and config.gin, then trains
+    try:
+        return run, lmsuite.train(run)  # writes run.json and config.gin, then trains
+    except InvalidRunError as error:  # a --model_dir holding another run (nothing was written)
+        raise ConfigError(error.problems) from error
 
 
 def _metric_line(metrics: dict, keys) -> str:

@@ -29,6 +29,7 @@ TRAIN_PARAMETERS: dict[str, tuple[str, str | None]] = {
     "input_sharding": ("data", "input_sharding"),
     "input_nice": ("data", "input_nice"),
     "stages": ("data", "stages"),
+    "data_change": ("data", "data_change"),
     "train_steps": ("trainer", "train_steps"),
     "seed": ("trainer", "seed"),
     "mesh_shape": ("trainer", "mesh_shape"),

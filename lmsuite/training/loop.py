@@ -19,7 +19,15 @@ from etils import epath
 from lmsuite import partitioning
 from lmsuite.data import mixtures
 from lmsuite.models import Transformer, memory_shapes
-from lmsuite.training import checkpointing, input_pipeline, lease, recipes, report, step
+from lmsuite.training import (
+    checkpointing,
+    input_pipeline,
+    lease,
+    recipes,
+    report,
+    resume_checks,
+    step,
+)
 from lmsuite.training.checkpointing import CheckpointWriteError
 from lmsuite.training.lease import LeaseHeldError
 from lmsuite.training.metrics import MetricsLog
@@ -61,10 +69,12 @@ class RunResult:
 
 def train(config: TrainConfig) -> RunResult:
     """Trains `config` until `trainer.train_steps`, resuming from its model directory if that
-    holds checkpoints; writes run.json (and config.gin, for a config built by gin) there first.
+    holds checkpoints; writes run.json (and config.gin, for a config built by gin) there first,
+    after checking that a run already there is this one (`resume_checks`).
 
     Raises:
-      InvalidRunError: every configuration problem at once (`TrainConfig.validate`).
+      InvalidRunError: every configuration problem at once (`TrainConfig.validate`), or a
+        model directory that holds another run (`resume_checks`; nothing in it is written).
       NonFiniteLossError: a NaN/Inf loss without `trainer.skip_nonfinite` (the last good
         checkpoint is left untouched; nothing is saved after the bad step).
       Preempted: SIGTERM; a checkpoint of the current step was saved first.
@@ -99,7 +109,7 @@ def _take_lease(model_dir: epath.Path) -> lease.Lease | None:
 def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | None) -> RunResult:
     """`train` once the run directory is this process's."""
     data, trainer = config.data, config.trainer
-    write_records(config)
+    _, data_plan = write_records(config)
     built = recipes.build(
         config.recipe, model_config=config.model, tasks=mixtures.task_names(data.task)
     )
@@ -132,6 +142,7 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
         nice=checkpointing.default_checkpoint_nice() if nice is None else nice,
     )
     state, batches_consumed = _restore(ckpt, state, state_shardings)
+    batches_consumed = resume_checks.data_position(data_plan, batches_consumed)
     start_step = int(state.step)
     log = MetricsLog(model_dir=model_dir, resume_step=start_step)
     if start_step:
@@ -206,7 +217,8 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
                 last_eval = evaluate(state)
                 log.write(done, last_eval)
             if do_save:
-                ckpt.save(done, state, {"batches_consumed": done})
+                # the data position: a rescaled or restarted resume's differs from the step
+                ckpt.save(done, state, {"batches_consumed": batches_consumed + done - start_step})
                 if writer is not None:
                     writer.renew()
             if done in stage_starts:  # a continual schedule's next stage begins
@@ -237,15 +249,32 @@ def _say(line: str) -> None:
         print(f"lmsuite: {line}", file=sys.stderr, flush=True)
 
 
-def write_records(config: TrainConfig) -> epath.Path:
+def write_records(config: TrainConfig) -> tuple[epath.Path, resume_checks.DataPlan]:
     """Creates the run directory (local or gs://) and writes run.json, what `lmsuite.load`
-    rebuilds the model from without gin, and config.gin when gin built the config."""
+    rebuilds the model from without gin, and config.gin when gin built the config; returns
+    (the directory, how a resume's data position follows the run's).
+
+    A run.json already there is compared first (`resume_checks.check_resume`): for another
+    run, InvalidRunError, and both files are left as they were.
+    """
     model_dir = checkpointing.absolute(config.checkpointing.model_dir)
+    record = config.run_record()
+    data_plan = resume_checks.check_resume(
+        model_dir / RUN_FILE, record, data_change=config.data.data_change
+    )
     model_dir.mkdir(parents=True, exist_ok=True)
     if config.operative_config is not None:
-        (model_dir / GIN_FILE).write_text(config.operative_config)
-    (model_dir / RUN_FILE).write_text(json.dumps(config.run_record(), indent=1) + "\n")
-    return model_dir
+        _write_whole(model_dir / GIN_FILE, config.operative_config)
+    _write_whole(model_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
+    return model_dir, data_plan
+
+
+def _write_whole(path: epath.Path, text: str) -> None:
+    """Writes `path` by renaming a finished temporary file: each process of a pod reads run.json
+    (the resume check) while another may be writing it, and must never read half of it."""
+    tmp = path.with_name(f"{path.name}.tmp-{jax.process_index()}")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _initial_state(config, model, built, tx, mesh, example, carry_shapes, model_dir):

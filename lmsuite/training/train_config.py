@@ -43,6 +43,11 @@ from lmsuite.training import (
     schedules,
 )
 
+# `DataConfig.data_change`: how a resume's data position follows a changed batch, task or
+# lengths (`resume_checks`): "rescale" (the batch size only) keeps the examples consumed,
+# "restart" reads the data from its beginning.
+DATA_CHANGES = ("rescale", "restart")
+
 
 class InvalidRunError(ValueError):
     """Every problem of a run's configuration, one per line (`problems`); `warnings` are what
@@ -151,6 +156,8 @@ class DataConfig(_Group):
     `input_pipeline.process_dataset`'s ("replicated": batches independent of the host count).
     `stages` is a continual schedule over mixture `task` (`lmsuite.data.stages`: `Stage`s or
     (first step, {task: rate}) pairs); empty: the mixture's own rates throughout.
+    `data_change` lets a resume change the batch size, task or lengths of the run it resumes
+    (`DATA_CHANGES`; None: such a resume is refused, `lmsuite.training.resume_checks`).
     """
 
     task: str
@@ -163,6 +170,7 @@ class DataConfig(_Group):
     input_nice: int | None = None
     task_modules: tuple[str, ...] = ()
     stages: tuple[stages_lib.Stage, ...] = ()
+    data_change: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "sequence_length", dict(self.sequence_length))
@@ -191,6 +199,10 @@ class DataConfig(_Group):
             stages_lib.as_stages(self.stages)
         except (TypeError, ValueError) as error:
             out.append(f"data.stages: {error}")
+        if self.data_change is not None and self.data_change not in DATA_CHANGES:
+            out.append(
+                f"data.data_change must be None or one of {DATA_CHANGES}, got {self.data_change!r}"
+            )
         return out
 
     def stage_problems(self, *, recipe: recipes.Recipe, train_steps: int) -> list[str]:
@@ -410,6 +422,9 @@ class TrainConfig(_Group):
             "task": self.data.task,
             "sequence_length": dict(self.data.sequence_length),
             "recipe": self.recipe.recipe.name,
+            # The global batch: a resume compares it (`resume_checks`; run.json files written
+            # before it was recorded leave it unknown).
+            "batch_size": self.data.batch_size,
             # What registers the task again, so `lmsuite eval` and `lmsuite.load` need no flags.
             "task_modules": list(self.data.task_modules),
         }
