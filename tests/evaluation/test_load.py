@@ -267,14 +267,33 @@ def test_every_command_resolves_relative_model_dirs(run_dir, monkeypatch, capsys
     assert args.model_dir == "gs://bucket/run"
 
 
-def test_a_damaged_step_is_named_not_loaded(run_dir, tmp_path):
+@pytest.mark.parametrize("damage", ["truncated", "flipped_byte"])
+def test_a_damaged_step_is_named_not_loaded(run_dir, tmp_path, capsys, damage):
     copy = shutil.copytree(run_dir, tmp_path / "copy")
-    arrays = sorted((copy / "checkpoints" / "4" / "state").rglob("ocdbt.process_0/d/*"))
-    with open(arrays[0], "r+b") as f:  # a truncated array: sizes no longer match COMMITTED
-        f.truncate(max(arrays[0].stat().st_size // 2, 1) - 1)
-    with pytest.raises(ValueError, match=r"checkpoints/4 is damaged"):
-        lmsuite.load(copy)
-    assert lmsuite.load(copy, step=2).config.d_model == 64
+    step_dir = copy / "checkpoints" / "4"
+    victim = max(step_dir.rglob("ocdbt.process_0/d/*"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:  # same size: only the checksum tells
+        data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    name = str(victim.relative_to(step_dir))
+    with pytest.raises(ValueError, match=rf"checkpoints/4 is damaged: {name} has"):
+        lmsuite.load(copy, step=4)
+    # Without a step, the newest step that verifies, the damaged one named.
+    model = lmsuite.load(copy)
+    assert f"not loading checkpoint step 4: checkpoint {step_dir} is damaged: {name}" in (
+        capsys.readouterr().err
+    )
+    step_2 = lmsuite.load(copy, step=2).params
+    for a, b in zip(_leaves(model.params), _leaves(step_2), strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert np.isfinite(a).all()
+
+
+def _leaves(params):
+    return [v for _, v in sorted(traverse_util.flatten_dict(params, sep="/").items())]
 
 
 def test_save_hf_gives_hf_the_same_tokens_and_predictions(run_dir, tmp_path):
