@@ -190,8 +190,7 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
     stage_starts = {stage.start: i + 1 for i, stage in enumerate(data.stages)}
     if start_step == 0 and data.stages:
         log.write(0, {"data/stage": 1})
-    preempted = {"flag": False}
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.__setitem__("flag", True))
+    preempted = _PreemptionNotice()
     try:
         pending = None  # (step, metrics) not yet read back
         for current in range(start_step, trainer.train_steps):
@@ -208,7 +207,7 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
             if pending is not None:
                 report_step(*pending)
             pending = (done, metrics)
-            stop = preempted["flag"]
+            stop = preempted(done)
             do_eval, do_save = _due(config, done, stop)
             if do_eval or do_save:
                 report_step(*pending)
@@ -236,12 +235,43 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
         )
     finally:
         # --------------------------------------------------------------------------- finish
-        signal.signal(signal.SIGTERM, previous_handler)
+        preempted.close()
         report_step.close()
         batches.close()
         ckpt.close()
         log.close()
     return result
+
+
+class _PreemptionNotice:
+    """`notice(step)` is True once the run must save `step` and stop (SIGTERM).
+
+    One process: a SIGTERM handler sets a flag. Several: JAX's preemption service (started by
+    `jax.distributed.initialize`) catches SIGTERM on any process and agrees on one step for all,
+    the step after the largest any of them has reached (`reached_preemption_sync_point`), so
+    every process saves the same step and none waits alone in a collective. Orbax's
+    `PreemptionCheckpointingPolicy` asks the same service.
+    """
+
+    def __init__(self):
+        self._flag = False
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, *_) -> None:
+        self._flag = True
+
+    def __call__(self, step: int) -> bool:
+        if jax.process_count() == 1:
+            return self._flag
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.reached_preemption_sync_point(step)
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _say(line: str) -> None:
