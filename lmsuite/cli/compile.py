@@ -34,7 +34,7 @@ def add_parser(commands, gin_flags) -> None:
         help="compile the train step for a TPU slice on this CPU host: per-chip memory, fits or "
         "not, projected step time and MFU (needs pip install 'lmsuite[tpu]')",
     )
-    gin_flags(parser, model_dir="")
+    gin_flags(parser, model_dir_required=False)
     parser.add_argument(
         "--topology",
         required=True,
