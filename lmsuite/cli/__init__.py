@@ -53,7 +53,10 @@ def run_info(args) -> dict:
         problems = [p for p in problems if "%gin.REQUIRED" not in p and "never" not in p]
     if problems:
         raise ConfigError(problems)
-    config = model_config_from_gin(args.gin_file, bindings, search_paths=args.gin_search_paths)
+    try:
+        config = model_config_from_gin(args.gin_file, bindings, search_paths=args.gin_search_paths)
+    except ValueError as error:  # ModelConfig's own checks (gin adds where, on later lines)
+        raise ConfigError([str(error).strip().splitlines()[0]]) from error
     result = summary.summarize(config)
     if args.json:
         print(summary.summary_json(result))
@@ -85,6 +88,11 @@ def run_tasks(args) -> None:
     known = task_inspect.list_tasks()
     if args.name not in known:
         raise ConfigError([f"unknown task {args.name!r}{_nearest(args.name, known)}"])
+    import seqio
+
+    splits = list(seqio.get_mixture_or_task(args.name).splits)
+    if args.split not in splits:
+        raise ConfigError([f"task {args.name!r} has no split {args.split!r}; it has {splits}"])
     print(task_inspect.show_task(args.name, n=args.n, split=args.split, seed=args.seed))
 
 

@@ -160,11 +160,14 @@ class OptimizerConfig(_Group):
             )
         if self.clip_norm is not None and self.clip_norm <= 0:
             raise ValueError(f"clip_norm must be positive or None, got {self.clip_norm}")
-        if not isinstance(self.learning_rate, ScheduleConfig):
-            problems: list[str] = []
+        problems: list[str] = []
+        if not isinstance(self.learning_rate, ScheduleConfig):  # (a schedule checks its own)
+            # a negative rate would train by gradient ascent
             _rate(problems, "optimizer.learning_rate (or a ScheduleConfig)", self.learning_rate)
-            if problems:  # a negative rate would train by gradient ascent
-                raise ValueError(problems[0])
+        _rate(problems, "make_optimizer.weight_decay (WEIGHT_DECAY)", self.weight_decay, zero=True)
+        _rate(problems, "make_optimizer.eps", self.eps, zero=True)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def build(self, *, train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
         """(the optimizer, its learning-rate schedule)."""
@@ -425,6 +428,7 @@ class TrainConfig(_Group):
                     f"{error}"
                 )
         problems += self.data.stage_problems(recipe=self.recipe.recipe, train_steps=steps)
+        problems += self._eval_split_problems()
         found = preflight.check_run(
             task=self.data.task,
             recipe=self.recipe.recipe,
@@ -440,6 +444,24 @@ class TrainConfig(_Group):
         )
         found.problems[:0] = problems
         return found
+
+    def _eval_split_problems(self) -> list[str]:
+        """data.eval_split, when evaluation runs, must be a split of the task."""
+        import seqio
+
+        if not (self.trainer.final_eval or self.trainer.eval_every):
+            return []
+        try:
+            provider = seqio.get_mixture_or_task(self.data.task)
+        except ValueError:  # an unknown task: the preflight names it
+            return []
+        splits = list(provider.splits)
+        if splits and self.data.eval_split not in splits:
+            return [
+                f"data.eval_split (train.eval_split) must be a split of task "
+                f"{self.data.task!r}, one of {splits}, got {self.data.eval_split!r}"
+            ]
+        return []
 
     def validate(self) -> preflight.Findings:
         """Checks the run once (`check`); returns its warnings' findings.
