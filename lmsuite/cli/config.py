@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 import sys
+import tokenize
 import traceback
 from pathlib import Path
 
@@ -259,6 +260,7 @@ def static_problems(
                     # (a scoped reference, @scope/Name, names configurable Name)
                     problem(f"{loc}: unknown configurable @{name}{_nearest(name, known)}")
 
+    unparsed = False
     for name in gin_files:
         path = _find_file(name, search_paths)
         if path is None and os.path.isdir(name):
@@ -272,15 +274,18 @@ def static_problems(
         else:
             try:
                 scan(path.read_text(), str(path))
-            except SyntaxError as error:  # gin's parser: the file and line are in the error
+            except (SyntaxError, tokenize.TokenError) as error:  # gin's parser: with the line
                 problems.append(f"gin file {str(path)!r}: {_syntax_problem(error)}")
+                unparsed = True
     for i, binding in enumerate(bindings):
         current["binding"] = i
         try:
             scan(binding, f"--gin binding {i + 1} ({binding!r})")
-        except SyntaxError as error:
+        except (SyntaxError, tokenize.TokenError) as error:
             problem(_binding_syntax_problem(binding, error))
     current["binding"] = None
+    if unparsed:  # the rest of that file was not read: its macros cannot be cross-checked
+        return problems
     for name, (required, where) in macros.items():
         if required:
             problems.append(
@@ -299,14 +304,17 @@ def static_problems(
     return problems
 
 
-def _syntax_problem(error: SyntaxError) -> str:
-    """gin's SyntaxError in one line: its first line, and where."""
+def _syntax_problem(error: SyntaxError | tokenize.TokenError) -> str:
+    """gin's SyntaxError (or the tokenizer's error) in one line: its first line, and where."""
+    if isinstance(error, tokenize.TokenError):  # (message, (line, column))
+        message, (line, _) = error.args
+        return f"line {line}: {message}"
     first = str(error.msg).strip().splitlines()[0] if error.msg else "invalid syntax"
     where = f"line {error.lineno}: " if error.lineno else ""
     return f"{where}{first} ({error.text.strip()!r})" if error.text else f"{where}{first}"
 
 
-def _binding_syntax_problem(binding: str, error: SyntaxError) -> str:
+def _binding_syntax_problem(binding: str, error: SyntaxError | tokenize.TokenError) -> str:
     """A `--gin.KEY=VALUE` flag gin cannot parse, with the likely fix: a string without its
     quotes (`--gin.TASK=my_task` parses as a Python name, not a string)."""
     key, equals, value = (part.strip() for part in binding.partition("="))

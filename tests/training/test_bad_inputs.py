@@ -68,6 +68,8 @@ CASES = [
     ((*SMOKE, "--gin.TASK=shakespeare_mlm"), "--gin.TASK=\"'shakespeare_mlm'\""),
     ((*SMOKE, "--gin.RECIPE=bert_mlm"), "--gin.RECIPE=\"'bert_mlm'\""),
     ((*SMOKE, "--gin.TRAIN_STEPS"), "--gin.KEY=VALUE"),
+    ((*SMOKE, "--gin.TRAIN_STEPS=1 2"), "--gin.TRAIN_STEPS=1 2: gin cannot parse '1 2'"),
+    ((*SMOKE, "--gin_file={dir}/broken.gin"), "broken.gin': line 2: "),
     ((*SMOKE, "--gin.TASK='nope'"), "unknown task 'nope'"),
     ((*SMOKE, "--gin.RECIPE='nope'"), "'nope'"),
     # ------------------------------------------------------------------------ argparse
@@ -145,6 +147,7 @@ CASES = [
 def _argv(argv, tmp_path: Path) -> list[str]:
     (tmp_path / "a_file").write_text("not a directory\n")
     (tmp_path / "a_dir").mkdir(exist_ok=True)
+    (tmp_path / "a_dir" / "broken.gin").write_text("include 'runs/pretrain.gin'\nTASK = 'a' 'b\n")
     paths = {"run": tmp_path / "run", "file": tmp_path / "a_file", "dir": tmp_path / "a_dir"}
     out = []
     for arg in argv:
