@@ -17,8 +17,11 @@ problem is listed at once, each with the nearest valid name: unknown configurabl
 task whose data is not prepared, a task that does not fit the recipe (features, sequence-length
 keys, span lengths), a model that does not (architecture, heads, a vocabulary smaller than the
 task's), a batch the data axis does not divide, a sequence longer than the position table.
-TensorFlow's and the data libraries' start-up logs are silenced (`quiet.py`); `--verbose` keeps
-them. Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM, checkpoint saved).
+Any malformed input (a flag, a gin value, a path) is refused before anything is written or
+compiled: one line on stderr naming the value and what was expected (several problems: a list),
+no traceback. TensorFlow's and the data libraries' start-up logs are silenced (`quiet.py`);
+`--verbose` keeps them. Exit codes: 2 configuration error or bad flag, 3 NaN/Inf loss, 143
+preempted (SIGTERM, checkpoint saved).
 """
 
 import argparse
