@@ -17,8 +17,11 @@ problem is listed at once, each with the nearest valid name: unknown configurabl
 task whose data is not prepared, a task that does not fit the recipe (features, sequence-length
 keys, span lengths), a model that does not (architecture, heads, a vocabulary smaller than the
 task's), a batch the data axis does not divide, a sequence longer than the position table.
-TensorFlow's and the data libraries' start-up logs are silenced (`quiet.py`); `--verbose` keeps
-them. Exit codes: 2 configuration error, 3 NaN/Inf loss, 143 preempted (SIGTERM, checkpoint saved).
+Any malformed input (a flag, a gin value, a path) is refused before anything is written or
+compiled: one line on stderr naming the value and what was expected (several problems: a list),
+no traceback. TensorFlow's and the data libraries' start-up logs are silenced (`quiet.py`);
+`--verbose` keeps them. Exit codes: 2 configuration error or bad flag, 3 NaN/Inf loss, 143
+preempted (SIGTERM, checkpoint saved).
 """
 
 import argparse
@@ -37,6 +40,7 @@ from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables
     load_run,
     model_config_from_gin,
     register_configurables,
+    static_problems,
 )
 
 
@@ -45,7 +49,17 @@ def run_info(args) -> dict:
     from lmsuite.models import summary
 
     bindings = [b for b in args.gin_bindings]
-    config = model_config_from_gin(args.gin_file, bindings, search_paths=args.gin_search_paths)
+    search_paths = [Path(p) for p in args.gin_search_paths] + [GIN_DIR]
+    register_configurables()
+    problems = static_problems(args.gin_file, bindings, search_paths)
+    if problems:  # (a model file alone leaves the run's macros unset: only the files' problems)
+        problems = [p for p in problems if "%gin.REQUIRED" not in p and "never" not in p]
+    if problems:
+        raise ConfigError(problems)
+    try:
+        config = model_config_from_gin(args.gin_file, bindings, search_paths=args.gin_search_paths)
+    except ValueError as error:  # ModelConfig's own checks (gin adds where, on later lines)
+        raise ConfigError([str(error).strip().splitlines()[0]]) from error
     result = summary.summarize(config)
     if args.json:
         print(summary.summary_json(result))
@@ -72,9 +86,16 @@ def run_tasks(args) -> None:
         return
     if not args.name:
         raise ConfigError(["`lmsuite tasks show` needs a task name; see `lmsuite tasks list`"])
+    if args.n < 1:  # (show_task's n=-1 would slice off one example of the whole split)
+        raise ConfigError([f"--n must be an integer >= 1, got {args.n}"])
     known = task_inspect.list_tasks()
     if args.name not in known:
         raise ConfigError([f"unknown task {args.name!r}{_nearest(args.name, known)}"])
+    import seqio
+
+    splits = list(seqio.get_mixture_or_task(args.name).splits)
+    if args.split not in splits:
+        raise ConfigError([f"task {args.name!r} has no split {args.split!r}; it has {splits}"])
     print(task_inspect.show_task(args.name, n=args.n, split=args.split, seed=args.seed))
 
 
@@ -97,7 +118,9 @@ def run_recipes(args) -> None:
 
 
 # ---------------------------------------------------------------------------- commands
-def _add_gin_flags(parser: argparse.ArgumentParser, *, default_files=(), model_dir=None) -> None:
+def _add_gin_flags(
+    parser: argparse.ArgumentParser, *, default_files=(), model_dir_required: bool = True
+) -> None:
     parser.add_argument(
         "--gin_file",
         action="append",
@@ -112,8 +135,8 @@ def _add_gin_flags(parser: argparse.ArgumentParser, *, default_files=(), model_d
     )
     parser.add_argument(
         "--model_dir",
-        required=model_dir is None,
-        default=model_dir,
+        required=model_dir_required,
+        default=None,
         help="checkpoints, config.gin, metrics.jsonl and TensorBoard logs",
     )
     parser.add_argument(
@@ -158,8 +181,18 @@ recipes: `lmsuite recipes list`; tasks: `lmsuite tasks list`.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr, exit status 2, like `ConfigError`'s
+    (argparse's own prints the whole usage first). Subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(
+            CONFIG_ERROR_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmsuite", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="lmsuite", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     formatter = argparse.RawDescriptionHelpFormatter
     train = commands.add_parser(
@@ -177,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=GIN_EPILOG,
         formatter_class=formatter,
     )
-    _add_gin_flags(pretrain, default_files=["experiments/default.gin"], model_dir="")
+    _add_gin_flags(pretrain, default_files=["experiments/default.gin"], model_dir_required=False)
     text_task.add_train_flags(pretrain)
     pretrain.set_defaults(handler=run_pretrain)
     info = commands.add_parser(
@@ -238,7 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.gin_bindings = [b.replace("=", " = ", 1) for b in bindings]
     if hasattr(args, "default_gin_files") and args.gin_file is None:
         args.gin_file = args.default_gin_files
-    if args.command == "pretrain" and args.model_dir == "":  # runs/<experiment>
+    if args.command == "pretrain" and args.model_dir is None:  # runs/<experiment>
         args.model_dir = f"runs/{Path(args.gin_file[0]).stem}"
     return args
 
@@ -401,9 +434,18 @@ def resolve_paths(args: argparse.Namespace) -> None:
     from lmsuite.training import checkpointing
 
     problems = []
+    for flag in _DIRECTORY_FLAGS + _FILE_FLAGS:
+        if getattr(args, flag, None) == "":  # `--model_dir=`: not the working directory
+            what = "directory" if flag in _DIRECTORY_FLAGS else "file"
+            problems.append(f"--{flag} must name a {what}, got ''")
     for flag in _DIRECTORY_FLAGS:
         value = getattr(args, flag, None)
-        if value:
+        if value and flag != "model_dir":  # (a run directory: run_directory says what it holds)
+            resolved = str(checkpointing.absolute(value))
+            if "://" not in resolved and os.path.isfile(resolved):
+                problems.append(f"--{flag} {value!r} is a file ({resolved}); expected a directory")
+            setattr(args, flag, resolved)
+        elif value:
             try:
                 setattr(args, flag, checkpointing.run_directory(value, flag=f"--{flag}"))
             except ValueError as error:
@@ -414,6 +456,11 @@ def resolve_paths(args: argparse.Namespace) -> None:
             setattr(args, flag, str(checkpointing.absolute(value)))
     if getattr(args, "gin_search_paths", None):
         args.gin_search_paths = [str(checkpointing.absolute(p)) for p in args.gin_search_paths]
+        problems += [
+            f"--gin_search_paths: {p!r} is not a directory"
+            for p in args.gin_search_paths
+            if "://" not in p and not os.path.isdir(p)
+        ]
     if getattr(args, "gin_file", None):
         args.gin_file = [os.path.expanduser(f) for f in args.gin_file]
     if problems:
@@ -433,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         resolve_paths(args)
         args.handler(args)
     except ConfigError as error:
-        print(f"lmsuite: configuration errors:\n{error}", file=sys.stderr)
+        print(error.report(), file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
     except loop.NonFiniteLossError as error:
         print(f"lmsuite: {error}", file=sys.stderr)

@@ -20,10 +20,10 @@ def parse_mesh(text: str) -> tuple[int, int, int] | str:
         sizes = tuple(int(s) for s in text.split(","))
     except ValueError:
         sizes = ()
-    if len(sizes) != 3:
+    if len(sizes) != 3 or sizes.count(-1) > 1 or not all(s == -1 or s >= 1 for s in sizes):
         raise ConfigError(
-            [f"--mesh={text!r}: expected three comma-separated sizes data,fsdp,tensor (one may "
-             "be -1), e.g. --mesh=-1,4,1, or --mesh=auto"]
+            [f"--mesh={text!r}: expected three comma-separated sizes data,fsdp,tensor, each >= 1 "
+             "(one may be -1), e.g. --mesh=-1,4,1, or --mesh=auto"]
         )  # fmt: skip
     return sizes
 
@@ -34,7 +34,7 @@ def add_parser(commands, gin_flags) -> None:
         help="compile the train step for a TPU slice on this CPU host: per-chip memory, fits or "
         "not, projected step time and MFU (needs pip install 'lmsuite[tpu]')",
     )
-    gin_flags(parser, model_dir="")
+    gin_flags(parser, model_dir_required=False)
     parser.add_argument(
         "--topology",
         required=True,

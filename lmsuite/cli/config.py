@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 import sys
+import tokenize
 import traceback
 from pathlib import Path
 
@@ -61,6 +62,12 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(f"  - {p}" for p in problems))
+
+    def report(self) -> str:
+        """What the CLI prints on stderr: one line for one problem, else a list."""
+        if len(self.problems) == 1:
+            return f"lmsuite: configuration error: {self.problems[0]}"
+        return f"lmsuite: configuration errors:\n{self}"
 
 
 # ------------------------------------------------------------------------- registration
@@ -253,20 +260,32 @@ def static_problems(
                     # (a scoped reference, @scope/Name, names configurable Name)
                     problem(f"{loc}: unknown configurable @{name}{_nearest(name, known)}")
 
+    unparsed = False
     for name in gin_files:
         path = _find_file(name, search_paths)
-        if path is None:
+        if path is None and os.path.isdir(name):
+            problems.append(f"gin file {name!r} is a directory; expected a .gin file")
+        elif path is None:
             folders = [os.getcwd(), *(str(p) for p in search_paths)]
             problems.append(
                 f"gin file {name!r} not found in {folders} (the working directory, "
                 f"--gin_search_paths, then lmsuite's own gin files)"
             )
         else:
-            scan(path.read_text(), str(path))
+            try:
+                scan(path.read_text(), str(path))
+            except (SyntaxError, tokenize.TokenError) as error:  # gin's parser: with the line
+                problems.append(f"gin file {str(path)!r}: {_syntax_problem(error)}")
+                unparsed = True
     for i, binding in enumerate(bindings):
         current["binding"] = i
-        scan(binding, f"--gin binding {i + 1} ({binding!r})")
+        try:
+            scan(binding, f"--gin binding {i + 1} ({binding!r})")
+        except (SyntaxError, tokenize.TokenError) as error:
+            problem(_binding_syntax_problem(binding, error))
     current["binding"] = None
+    if unparsed:  # the rest of that file was not read: its macros cannot be cross-checked
+        return problems
     for name, (required, where) in macros.items():
         if required:
             problems.append(
@@ -283,6 +302,31 @@ def static_problems(
                 f"{where}: macro %{name} is used but never defined{_nearest(name, macros)}"
             )
     return problems
+
+
+def _syntax_problem(error: SyntaxError | tokenize.TokenError) -> str:
+    """gin's SyntaxError (or the tokenizer's error) in one line: its first line, and where."""
+    if isinstance(error, tokenize.TokenError):  # (message, (line, column))
+        message, (line, _) = error.args
+        return f"line {line}: {message}"
+    first = str(error.msg).strip().splitlines()[0] if error.msg else "invalid syntax"
+    where = f"line {error.lineno}: " if error.lineno else ""
+    return f"{where}{first} ({error.text.strip()!r})" if error.text else f"{where}{first}"
+
+
+def _binding_syntax_problem(binding: str, error: SyntaxError | tokenize.TokenError) -> str:
+    """A `--gin.KEY=VALUE` flag gin cannot parse, with the likely fix: a string without its
+    quotes (`--gin.TASK=my_task` parses as a Python name, not a string)."""
+    key, equals, value = (part.strip() for part in binding.partition("="))
+    flag = f"--gin.{key}={value}" if equals else f"--gin.{key}"
+    if not equals:
+        return f"{flag}: expected --gin.KEY=VALUE, e.g. --gin.TRAIN_STEPS=100"
+    if value.isidentifier() and value not in ("True", "False", "None"):
+        return (
+            f"{flag}: {value!r} is not a gin value; a string keeps its quotes: "
+            f"--gin.{key}=\"'{value}'\""
+        )
+    return f"{flag}: gin cannot parse {value!r}: {_syntax_problem(error)}"
 
 
 def import_failure(module: str) -> str | None:
@@ -325,7 +369,7 @@ def _evaluate_train_arguments(problems: list[str]) -> dict:
         try:
             evaluated = copy.deepcopy(value)
         except Exception as error:  # a configurable's own validation: report, keep checking
-            message = _first_line(error)
+            message = _first_line(error).removeprefix("ValueError: ")  # (the usual: the value)
             if "REQUIRED" not in message and "Required bindings" not in message:
                 problems.append(f"train.{name}: {message}")
             continue

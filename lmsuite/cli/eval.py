@@ -51,6 +51,10 @@ def run_eval(args):
     from lmsuite.evaluation import evaluate
 
     problems = import_task_modules(args.task_module)
+    for flag, least in (("step", 0), ("batch_size", 1), ("max_batches", 1)):
+        value = getattr(args, flag)
+        if value is not None and value < least:
+            problems.append(f"--{flag} must be an integer >= {least}, got {value}")
     if problems:
         raise ConfigError(problems)
     request = dict(

@@ -11,6 +11,7 @@ accuracy (or EM/F1).
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -71,6 +72,16 @@ def run_finetune(args):
 
     if args.task not in TASKS:
         raise ConfigError([f"unknown --task {args.task!r}; expected one of {list(TASKS)}"])
+    problems = [
+        f"--{flag} must be an integer >= 1, got {getattr(args, flag)}"
+        for flag in ("epochs", "batch_size", "max_length", "doc_stride")
+        if getattr(args, flag) < 1
+    ]
+    rate = args.learning_rate
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        problems.append(f"--learning_rate must be a finite number > 0, got {rate}")
+    if problems:
+        raise ConfigError(problems)
     source = args.model_dir or args.hf_dir
     learning_rate = args.learning_rate or DEFAULT_LEARNING_RATE.get(args.task, 2e-5)
     settings = dict(

@@ -95,6 +95,10 @@ def run_vocab(args) -> str:
                 f"{vocab.local_corpora()}) and --text_files=GLOB (your own files)"
             ]
         )
+    try:
+        vocab.check_size(args.size)
+    except ValueError as error:
+        raise config.ConfigError([f"--size={args.size}: {error}"]) from error
     if args.corpus is not None:
         problems = [f"--{f} is for --text_files" for f in _FORMAT_FLAGS if getattr(args, f)]
         if args.corpus not in vocab.local_corpora():

@@ -9,6 +9,8 @@ to_hf(config, params, out_dir, special_ids=vocab.special_ids(v))   # another voc
 import dataclasses
 import json
 import os
+import pickle
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -98,6 +100,22 @@ def _state_dict(hf_model) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().float().numpy() for k, v in hf_model.state_dict().items()}
 
 
+def _from_pretrained(hf_class, path: str):
+    """`hf_class.from_pretrained(path)`, a pickled checkpoint that torch's safe loader refuses
+    named as a bad input. lmsuite never loads such a file unsafely: it can run any code."""
+    try:
+        return hf_class.from_pretrained(path)
+    except pickle.UnpicklingError as error:
+        files = sorted(f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth")))
+        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        what = f" (e.g. {named.group(1)})" if named else ""
+        raise ValueError(
+            f"{os.path.join(path, files[0]) if files else path} holds Python objects{what} that "
+            "torch's safe loader refuses, and lmsuite does not load it otherwise; use a "
+            "checkpoint saved as model.safetensors instead"
+        ) from error
+
+
 def from_hf(hf_model_or_dir) -> ConvertedModel:
     """Converts a HF model (an instance, or a directory holding config.json and weights)."""
     families = _families()
@@ -114,7 +132,7 @@ def from_hf(hf_model_or_dir) -> ConvertedModel:
                 f"{sorted(families)}"
             )
         transformers = _import_transformers()
-        hf_model = getattr(transformers, archs[0]).from_pretrained(path)
+        hf_model = _from_pretrained(getattr(transformers, archs[0]), path)
     else:
         hf_model = hf_model_or_dir
     hf_class = type(hf_model).__name__

@@ -7,6 +7,7 @@ train` lists them together with gin's typos.
 """
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -106,6 +107,10 @@ def check_run(
 
     found = Findings()
     problems = found.problems
+    if not isinstance(sequence_length, Mapping) or not all(
+        isinstance(n, int) and n >= 1 for n in sequence_length.values()
+    ):
+        sequence_length = None  # malformed: `DataConfig.problems` names it; no check needs it
     lengths = dict(sequence_length or {})
 
     provider = None
@@ -150,9 +155,14 @@ def check_run(
             recipe_run_problems(recipe, sequence_length=sequence_length, model_config=model_config)
         )
 
-    if train_steps is not None and train_steps < 1:
+    if train_steps is not None and (
+        isinstance(train_steps, bool) or not isinstance(train_steps, int)
+    ):
+        problems.append(f"train_steps must be an integer >= 1, got {train_steps!r}")
+    elif train_steps is not None and train_steps < 1:
         problems.append(f"train_steps must be >= 1, got {train_steps}")
     batch_checks(problems, batch_size, mesh_shape, num_microbatches, devices)
+    mesh_checks(problems, mesh_shape, devices)
     if model_config is not None:
         for feature in ("input_ids", "targets", "inputs"):
             if feature in lengths and lengths[feature] > model_config.max_positions:
@@ -200,11 +210,38 @@ def _vocabulary_checks(found: Findings, task: seqio.Task, corpus, config: ModelC
         )
 
 
+def mesh_checks(problems, mesh_shape, devices=None) -> None:
+    """Adds a problem when the (data, fsdp, tensor) mesh does not fit `devices` (default: this
+    run's); a malformed mesh is named by `TrainerConfig.problems`."""
+    import jax
+
+    if not isinstance(mesh_shape, list | tuple) or len(mesh_shape) != 3:
+        return
+    if not all(isinstance(n, int) and (n == -1 or n >= 1) for n in mesh_shape):
+        return
+    devices = jax.device_count() if devices is None else devices
+    fixed = math.prod(n for n in mesh_shape if n != -1)
+    if -1 in mesh_shape and devices % fixed:
+        problems.append(
+            f"mesh_shape {tuple(mesh_shape)}: the sizes other than -1 multiply to {fixed}, "
+            f"which does not divide the {devices} devices"
+        )
+    elif -1 not in mesh_shape and fixed != devices:
+        problems.append(
+            f"mesh_shape {tuple(mesh_shape)} needs {fixed} devices, but there are {devices} "
+            "(one size may be -1: it takes the devices the others leave)"
+        )
+
+
 def batch_checks(problems, batch_size, mesh_shape, num_microbatches, devices=None) -> None:
     """Adds the batch's divisibility problems on a mesh of `devices` (default: this run's)."""
     import jax
 
-    if batch_size is None:
+    sizes_ok = isinstance(mesh_shape, list | tuple) and len(mesh_shape) == 3
+    sizes_ok = sizes_ok and all(isinstance(n, int) for n in mesh_shape)
+    if batch_size is None or not sizes_ok or not all(n == -1 or n >= 1 for n in mesh_shape):
+        return  # (a malformed mesh or batch is named by the run config's own checks)
+    if not isinstance(batch_size, int) or not isinstance(num_microbatches, int):
         return
     data, fsdp, tensor = mesh_shape
     devices = jax.device_count() if devices is None else devices

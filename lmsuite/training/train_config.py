@@ -25,6 +25,7 @@ it runs once per config (a frozen config cannot change after it passed).
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,6 +67,34 @@ def _positive(problems: list[str], where: str, value: Any, *, zero: bool = False
         problems.append(f"{where} must be an integer >= {least}, got {value!r}")
 
 
+def _is_count(value: Any, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _rate(problems: list[str], where: str, value: Any, *, zero: bool = False) -> None:
+    """Adds a problem unless `value` is a finite number > 0 (>= 0 with `zero`)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        least = ">= 0" if zero else "> 0"
+        problems.append(f"{where} must be a finite number {least}, got {value!r}")
+
+
+def _mesh_problems(mesh_shape: Any) -> list[str]:
+    """What is wrong with a (data, fsdp, tensor) mesh: three integers, each >= 1 or one -1."""
+    sizes = tuple(mesh_shape) if isinstance(mesh_shape, list | tuple) else ()
+    if len(sizes) != 3 or not all(isinstance(n, int) for n in sizes):
+        return [
+            f"trainer.mesh_shape must be three integers (data, fsdp, tensor; one may be -1), "
+            f"got {mesh_shape!r}"
+        ]
+    if not all(n == -1 or n >= 1 for n in sizes) or sizes.count(-1) > 1:
+        return [
+            f"trainer.mesh_shape sizes must each be >= 1, or -1 for at most one of them (it "
+            f"takes the devices the others leave), got {mesh_shape!r}"
+        ]
+    return []
+
+
 class _Group:
     def replace(self, **changes):
         """A copy with `changes` (dataclasses.replace)."""
@@ -89,8 +118,19 @@ class ScheduleConfig(_Group):
             raise ValueError(
                 f"schedule name must be one of {schedules.SCHEDULES}, got {self.name!r}"
             )
-        if self.total_steps is not None:
+        problems = self.problems()
+        if problems:  # made with a bad value: nothing downstream should see it
+            raise ValueError("; ".join(problems))
+        if _is_count(self.total_steps):  # (not an integer: TrainConfig.check names it once)
             self.build(train_steps=self.total_steps)  # the schedule's own checks
+
+    def problems(self) -> list[str]:
+        """Its values: a finite positive peak rate (LEARNING_RATE), whole warmup steps."""
+        out: list[str] = []
+        _rate(out, "the learning rate (make_schedule.peak_value, LEARNING_RATE)", self.peak_value)
+        _rate(out, "make_schedule.end_value", self.end_value, zero=True)
+        _positive(out, "make_schedule.warmup_steps (WARMUP_STEPS)", self.warmup_steps, zero=True)
+        return out
 
     def build(self, *, train_steps: int) -> optax.Schedule:
         total = train_steps if self.total_steps is None else self.total_steps
@@ -125,6 +165,14 @@ class OptimizerConfig(_Group):
             )
         if self.clip_norm is not None and self.clip_norm <= 0:
             raise ValueError(f"clip_norm must be positive or None, got {self.clip_norm}")
+        problems: list[str] = []
+        if not isinstance(self.learning_rate, ScheduleConfig):  # (a schedule checks its own)
+            # a negative rate would train by gradient ascent
+            _rate(problems, "optimizer.learning_rate (or a ScheduleConfig)", self.learning_rate)
+        _rate(problems, "make_optimizer.weight_decay (WEIGHT_DECAY)", self.weight_decay, zero=True)
+        _rate(problems, "make_optimizer.eps", self.eps, zero=True)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def build(self, *, train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
         """(the optimizer, its learning-rate schedule)."""
@@ -173,7 +221,8 @@ class DataConfig(_Group):
     data_change: str | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "sequence_length", dict(self.sequence_length))
+        if isinstance(self.sequence_length, Mapping):  # else kept as given: `problems` names it
+            object.__setattr__(self, "sequence_length", dict(self.sequence_length))
         object.__setattr__(self, "task_modules", tuple(self.task_modules))
         try:
             object.__setattr__(self, "stages", stages_lib.as_stages(self.stages))
@@ -184,8 +233,14 @@ class DataConfig(_Group):
         out: list[str] = []
         if not isinstance(self.task, str) or not self.task:
             out.append(f"data.task must be a task or mixture name, got {self.task!r}")
-        for key, length in self.sequence_length.items():
-            _positive(out, f"data.sequence_length[{key!r}]", length)
+        if not isinstance(self.sequence_length, Mapping):
+            out.append(
+                "data.sequence_length must map each feature to its length, e.g. "
+                f"{{'input_ids': 128, 'masked_ids': 20}}, got {self.sequence_length!r}"
+            )
+        else:
+            for key, length in self.sequence_length.items():
+                _positive(out, f"data.sequence_length[{key!r}]", length)
         _positive(out, "data.batch_size", self.batch_size)
         _positive(out, "data.eval_batches", self.eval_batches)
         if self.input_threads is not None:
@@ -279,16 +334,16 @@ class TrainerConfig(_Group):
     peak_flops_per_device: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        if isinstance(self.mesh_shape, list | tuple):  # else kept as given: `problems` names it
+            object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         object.__setattr__(self, "rules", tuple((name, axes) for name, axes in self.rules))
 
     def problems(self) -> list[str]:
-        out: list[str] = []
-        if len(self.mesh_shape) != 3 or not all(isinstance(n, int) for n in self.mesh_shape):
-            out.append(
-                f"trainer.mesh_shape must be three integers (data, fsdp, tensor; one may be -1), "
-                f"got {self.mesh_shape!r}"
-            )
+        out = _mesh_problems(self.mesh_shape)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            out.append(f"trainer.seed must be an integer, got {self.seed!r}")
+        if self.peak_flops_per_device is not None:
+            _rate(out, "trainer.peak_flops_per_device", self.peak_flops_per_device)
         _positive(out, "trainer.num_microbatches", self.num_microbatches)
         _positive(out, "trainer.log_every", self.log_every)
         _positive(out, "trainer.eval_every", self.eval_every, zero=True)
@@ -368,11 +423,14 @@ class TrainConfig(_Group):
             *self.checkpointing.problems(),
         ]
         rate, steps = self.optimizer.learning_rate, self.trainer.train_steps
-        if isinstance(rate, ScheduleConfig) and rate.total_steps is None and steps >= 1:
+        if isinstance(rate, ScheduleConfig) and rate.total_steps is None and _is_count(steps):
             try:  # the schedule spans the run: its checks need train_steps
                 rate.build(train_steps=steps)
             except ValueError as error:
                 problems.append(f"optimizer.learning_rate over trainer.train_steps: {error}")
+        elif isinstance(rate, ScheduleConfig) and rate.total_steps != steps:
+            # (the same value as train_steps, TRAIN_STEPS in the gin files: named once, below)
+            _positive(problems, "make_schedule.total_steps", rate.total_steps)
         for module in self.data.task_modules:
             try:
                 importlib.import_module(module)
@@ -382,13 +440,14 @@ class TrainConfig(_Group):
                     f"{error}"
                 )
         problems += self.data.stage_problems(recipe=self.recipe.recipe, train_steps=steps)
+        problems += self._eval_split_problems()
         found = preflight.check_run(
             task=self.data.task,
             recipe=self.recipe.recipe,
             sequence_length=self.data.sequence_length,
             model_config=self.model,
             # a mesh that is not three sizes is named above; the batch cannot be checked on it
-            batch_size=self.data.batch_size if len(self.trainer.mesh_shape) == 3 else None,
+            batch_size=None if _mesh_problems(self.trainer.mesh_shape) else self.data.batch_size,
             mesh_shape=self.trainer.mesh_shape,
             num_microbatches=self.trainer.num_microbatches,
             train_steps=self.trainer.train_steps,
@@ -397,6 +456,24 @@ class TrainConfig(_Group):
         )
         found.problems[:0] = problems
         return found
+
+    def _eval_split_problems(self) -> list[str]:
+        """data.eval_split, when evaluation runs, must be a split of the task."""
+        import seqio
+
+        if not (self.trainer.final_eval or self.trainer.eval_every):
+            return []
+        try:
+            provider = seqio.get_mixture_or_task(self.data.task)
+        except ValueError:  # an unknown task: the preflight names it
+            return []
+        splits = list(provider.splits)
+        if splits and self.data.eval_split not in splits:
+            return [
+                f"data.eval_split (train.eval_split) must be a split of task "
+                f"{self.data.task!r}, one of {splits}, got {self.data.eval_split!r}"
+            ]
+        return []
 
     def validate(self) -> preflight.Findings:
         """Checks the run once (`check`); returns its warnings' findings.

@@ -37,6 +37,7 @@ def test_the_users_own_folders_come_first(tmp_path, monkeypatch):
 
 def test_a_missing_file_lists_every_folder_searched(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()  # (a search folder that does not exist is its own error)
     code = cli.main(["train", "--gin_file=experiments/nope.gin", "--model_dir=run",
                      f"--gin_search_paths={tmp_path / 'mine'}"])  # fmt: skip
     assert code == cli.CONFIG_ERROR_EXIT_CODE

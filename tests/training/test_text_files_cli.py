@@ -15,6 +15,7 @@ import seqio
 from lmsuite import cli
 from lmsuite.data import text_files
 from tests.data.generated_text import write_text_files
+from tests.training import cli_errors
 
 T5 = [
     "--gin_file=experiments/t5_1_1_tiny.gin",
@@ -59,7 +60,7 @@ def _fails(capsys, *argv) -> list[str]:
     code = cli.main(list(argv))
     err = capsys.readouterr().err
     assert code == cli.CONFIG_ERROR_EXIT_CODE, err[-3000:]
-    return [line for line in err.splitlines() if line.startswith("  - ")]
+    return cli_errors.problem_lines(err)
 
 
 # ------------------------------------------------------------------------------ vocab train
