@@ -136,8 +136,9 @@ def test_a_resume_with_another_width_exits_2_and_leaves_the_records(capsys, tmp_
     code = cli.main([*smoke, "--gin.ModelConfig.d_model=64", "--gin.TRAIN_STEPS=4"])
     err = capsys.readouterr().err
     assert code == cli.CONFIG_ERROR_EXIT_CODE == 2, err[-3000:]
-    errors = [line for line in err.splitlines() if line.startswith("  - ")]
-    assert len(errors) == 1 and "d_model 32 -> 64" in errors[0], err[-3000:]
-    assert str(model_dir / "run.json") in errors[0]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "d_model 32 -> 64" in lines[0], err[-3000:]
+    assert lines[0].startswith("lmsuite: configuration error: resuming the run recorded in ")
+    assert str(model_dir / "run.json") in lines[0]
     for name, before in records.items():
         assert (model_dir / name).read_bytes() == before, name
