@@ -84,16 +84,21 @@ def test_two_processes_log_the_losses_of_one(single_process, pod_losses):
     assert pod_losses[30] < pod_losses[1]
 
 
-def _kill_one_process_and_relaunch(pod_losses, model_dir: Path, seed: int):
-    # After step 23 step 10 is committed (a save commits the one before it when it starts, at
-    # step 20) and step 30 is not: the relaunch must resume, not start over or find it done.
+def _kill_one_process_and_relaunch(pod_losses, model_dir: Path, seed: int, after_commit=False):
+    # After step 23 step 10 is committed (the save of step 20 waited for it) and step 30 is
+    # not: the relaunch must resume, not start over or find it done. With `after_commit`, the
+    # kill lands right after step 20's save was committed, and the relaunch resumes from it.
     kill_after = random.Random(seed).randint(23, smoke.SMOKE_STEPS - 3)
     pod = _pod(model_dir)
     deadline = time.monotonic() + 600
-    while max(smoke.losses(model_dir) or {0: 0}) < kill_after:
+    while not (
+        (model_dir / "checkpoints" / "20").exists()
+        if after_commit
+        else max(smoke.losses(model_dir) or {0: 0}) >= kill_after
+    ):
         assert pod.poll() is None, pod.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "the pod did not reach the step"
-        time.sleep(0.2)
+        time.sleep(0.01 if after_commit else 0.2)
     victim = subprocess.run(
         ["pgrep", "-f", "--", f"--process_id=1 --model_dir={model_dir}"],
         capture_output=True, text=True, check=True,
@@ -107,12 +112,20 @@ def _kill_one_process_and_relaunch(pod_losses, model_dir: Path, seed: int):
     assert smoke.SMOKE_STEPS not in smoke.committed_steps(model_dir)
     resumed = _run_pod(model_dir, attempt=2)
     assert resumed == pod_losses, f"process 1 killed after step {kill_after}"
+    if after_commit:
+        log = (model_dir / "logs" / "attempt-2" / "process_0.log").read_text()
+        assert "resumed from step 20 (committed " in log, log[-3000:]
 
 
 # slow: the fast suite keeps the two-process losses and test_faults' single-process kill -9 resume
 @pytest.mark.slow
 def test_killing_one_process_then_relaunching_resumes_bitwise(pod_losses, tmp_path):
     _kill_one_process_and_relaunch(pod_losses, tmp_path / "trial0", seed=0)
+
+
+@pytest.mark.slow
+def test_a_kill_right_after_a_save_was_committed_resumes_from_that_save(pod_losses, tmp_path):
+    _kill_one_process_and_relaunch(pod_losses, tmp_path / "after_commit", 0, after_commit=True)
 
 
 @pytest.mark.slow
