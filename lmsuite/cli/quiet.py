@@ -37,8 +37,8 @@ What a run printed before its first line of its own, and where each line is sile
   Traceback (most recent call last): ... call_soon_threadsafe ...
   RuntimeError: Event loop is closed  (once per array write still pending)
       TensorStore, when its pending writes finish after Orbax has closed the event loop of the
-      failed save: its callbacks print through `sys.excepthook`, which drops exactly this
-      error raised by `call_soon_threadsafe` (`_drop_closed_loop_callbacks`).
+      failed save: its callbacks report through `sys.unraisablehook` (or `sys.excepthook`),
+      which drop exactly this error raised by `call_soon_threadsafe` (`_closed_loop_callback`).
 
 Environment variables are set with `setdefault`, so a user's own TF_CPP_MIN_LOG_LEVEL wins.
 `lmsuite train/pretrain` re-execute themselves first (`host_malloc.relaunch_with_settings`)
@@ -96,25 +96,41 @@ def quiet_start(*, verbose: bool) -> None:
     if _FILTER not in absl_logger.filters:
         absl_logger.addFilter(_FILTER)
     if sys.excepthook is not _drop_closed_loop_callbacks:
-        global _previous_excepthook
+        global _previous_excepthook, _previous_unraisablehook
         _previous_excepthook = sys.excepthook
         sys.excepthook = _drop_closed_loop_callbacks
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _drop_unraisable_closed_loop_callbacks
     import_tensorflow()
 
 
 _previous_excepthook = sys.excepthook
+_previous_unraisablehook = sys.unraisablehook
+
+
+def _closed_loop_callback(kind, value, tb) -> bool:
+    """Whether this is TensorStore calling back into the closed event loop of a failed save."""
+    if kind is not RuntimeError or str(value) != "Event loop is closed":
+        return False
+    frames, frame = [], tb
+    while frame is not None:
+        frames.append(frame.tb_frame.f_code.co_name)
+        frame = frame.tb_next
+    return "call_soon_threadsafe" in frames
 
 
 def _drop_closed_loop_callbacks(kind, value, tb) -> None:
     """`sys.excepthook`, without TensorStore's late callbacks into a closed event loop."""
-    if kind is RuntimeError and str(value) == "Event loop is closed":
-        frames, frame = [], tb
-        while frame is not None:
-            frames.append(frame.tb_frame.f_code.co_name)
-            frame = frame.tb_next
-        if "call_soon_threadsafe" in frames:
-            return
-    _previous_excepthook(kind, value, tb)
+    if not _closed_loop_callback(kind, value, tb):
+        _previous_excepthook(kind, value, tb)
+
+
+def _drop_unraisable_closed_loop_callbacks(unraisable) -> None:
+    """`sys.unraisablehook`, likewise (the path TensorStore's C++ callbacks report through)."""
+    if not _closed_loop_callback(
+        unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback
+    ):
+        _previous_unraisablehook(unraisable)
 
 
 def import_tensorflow() -> None:

@@ -30,8 +30,8 @@ class MetricsLog:
         self.writer = metric_writers.create_default_writer(
             str(epath.Path(model_dir) / "tensorboard"), just_logging=not self.is_writer
         )
-        if self.is_writer and resume_step and self.path.exists():
-            self._append(_end_torn_line(self.path) + json.dumps(_marker(resume_step)) + "\n")
+        if self.is_writer and resume_step:
+            mark_resumed(self.path, resume_step)
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
         scalars = {k: float(v) for k, v in scalars.items()}
@@ -59,6 +59,15 @@ RESUMED = "resumed"
 
 def _marker(step: int) -> dict:
     return {"step": step, RESUMED: True}
+
+
+def mark_resumed(path: str | epath.PathLike, step: int) -> None:
+    """Appends the marker of a run resumed from `step` (see the module docstring)."""
+    path = epath.Path(path)
+    if not path.exists():
+        return
+    with path.open("a") as f:
+        f.write(_end_torn_line(path) + json.dumps(_marker(step)) + "\n")
 
 
 def _end_torn_line(path: epath.Path) -> str:

@@ -16,7 +16,7 @@ from etils.epath import gpath, testing
 from jax.sharding import NamedSharding, PartitionSpec
 
 from lmsuite import partitioning
-from lmsuite.training import checkpointing, metrics, report
+from lmsuite.training import checkpoint_integrity, checkpointing, metrics, report
 
 
 @pytest.fixture
@@ -53,32 +53,39 @@ def fake_gcs(tmp_path, monkeypatch):
     assert not any(cwd.iterdir()), sorted(map(str, cwd.rglob("*")))
 
 
-def test_metrics_jsonl_reads_and_truncates_on_gcs(fake_gcs):
+def test_metrics_jsonl_appends_and_reads_one_history_on_gcs(fake_gcs):
     path = epath.Path("gs://bucket/run/metrics.jsonl")
     path.parent.mkdir(parents=True)
     records = [{"step": s, "loss": 1.0 / s} for s in (10, 20, 30)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 40, "lo')
+    before = "".join(json.dumps(r) + "\n" for r in records) + '{"step": 40, "lo'
+    path.write_text(before)
     assert metrics.read_jsonl("gs://bucket/run/metrics.jsonl") == records
-    metrics.truncate_after("gs://bucket/run/metrics.jsonl", 20)
-    assert metrics.read_jsonl(path) == records[:2]
-    assert (fake_gcs / "bucket/run/metrics.jsonl").read_text().count("\n") == 2
+    metrics.mark_resumed(path, 20)
+    with path.open("a") as f:  # what MetricsLog.write appends
+        f.write(json.dumps({"step": 30, "loss": 0.5}) + "\n")
+    assert metrics.read_jsonl(path) == [*records[:2], {"step": 30, "loss": 0.5}]
+    assert (fake_gcs / "bucket/run/metrics.jsonl").read_text().startswith(before + "\n")
 
 
-def test_checkpoint_manifest_verifies_on_gcs(fake_gcs):
+def test_checkpoint_manifest_records_and_verifies_on_gcs(fake_gcs):
     assert str(checkpointing.absolute("gs://bucket/run")) == "gs://bucket/run"
     step = epath.Path("gs://bucket/run/checkpoints/10")
     (step / "state" / "d").mkdir(parents=True)
     (step / "state" / "d" / "array").write_bytes(b"x" * 100)
     (step / "data").mkdir()
     (step / "data" / "position.json").write_text('{"batches_consumed": 10}')
-    with pytest.raises(checkpointing.DamagedCheckpointError, match="no COMMITTED marker"):
+    assert checkpointing.verify(step) is False  # no manifest: nothing to check against
+    checkpoint_integrity.record(step)
+    manifest = json.loads(
+        (fake_gcs / "bucket/run/checkpoints/10" / checkpointing.MANIFEST).read_text()
+    )
+    assert sorted(manifest["files"]) == ["data/position.json", "state/d/array"]
+    assert checkpointing.verify("gs://bucket/run/checkpoints/10") is True
+    (step / "state" / "d" / "array").write_bytes(b"y" * 100)  # same size, other bytes
+    with pytest.raises(checkpointing.DamagedCheckpointError, match="state/d/array has the right"):
         checkpointing.verify(step)
-    manifest = checkpointing._files(step)
-    assert manifest == {"data/position.json": 24, "state/d/array": 100}
-    (step / checkpointing.MANIFEST).write_text(json.dumps(manifest))
-    checkpointing.verify("gs://bucket/run/checkpoints/10")
     (step / "state" / "d" / "array").write_bytes(b"x" * 99)  # truncated
-    with pytest.raises(checkpointing.DamagedCheckpointError, match="has 99 bytes, expected 100"):
+    with pytest.raises(checkpointing.DamagedCheckpointError, match="has 99 bytes, 100 were"):
         checkpointing.verify(step)
 
 
