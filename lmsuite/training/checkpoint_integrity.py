@@ -33,10 +33,6 @@ class DamagedCheckpointError(ValueError):
     """A checkpoint step that must not be loaded; the message names the step, file and damage."""
 
 
-class UncheckedCheckpointWarning(UserWarning):
-    """A step Orbax committed that carries no checksums (written by an older lmsuite)."""
-
-
 def _files(step_dir: epath.Path) -> list[tuple[str, epath.Path]]:
     """(path relative to the step, path) for every checked file, sorted."""
     found = []

@@ -52,6 +52,7 @@ class Lease:
         self.path = epath.Path(model_dir) / LEASE_FILE
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.started = time.time()
+        self._stale_after = stale_after
         holder = self._read()
         if holder is not None:
             self._check_stale(holder, stale_after)
@@ -104,7 +105,7 @@ class Lease:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:  # created between our read and now: read it again, once
             holder = self._read()
-            self._check_stale(holder or {}, STALE_AFTER_SECONDS)
+            self._check_stale(holder or {}, self._stale_after)
             self.path.write_text(self._record())
             return
         with os.fdopen(fd, "w") as f:
