@@ -99,7 +99,7 @@ def format_reports(rows: list[dict]) -> str:
     lines = [
         f"{'mesh':>12}  {'fits':>4}  {'args GiB':>8}  {'out GiB':>7}  {'temp GiB':>8}  "
         f"{'total GiB':>9}  {'HBM GiB':>7}  {'TFLOP/dev':>9}  {'GB/dev':>7}  "
-        f"{'step ms':>8}  {'MFU':>5}"
+        f"{'step ms':>8}  {'MFU':>5}  {'per-op ms':>9}  {'MFU':>5}"
     ]
     for row in rows:
         mesh = "x".join(map(str, row["mesh_shape"]))
@@ -114,9 +114,10 @@ def format_reports(rows: list[dict]) -> str:
             f"{row['hbm_bytes'] / GIB:>7.1f}  "
             + (
                 f"{row['flops'] / 1e12:>9.2f}  {row['bytes_accessed'] / 1e9:>7.1f}  "
-                f"{row['step_seconds'] * 1e3:>8.1f}  {100 * row['mfu']:>4.0f}%"
+                f"{row['step_seconds'] * 1e3:>8.1f}  {100 * row['mfu']:>4.0f}%  "
+                f"{row['per_op_step_seconds'] * 1e3:>9.1f}  {100 * row['per_op_mfu']:>4.0f}%"
                 if measured
-                else f"{'-':>9}  {'-':>7}  {'-':>8}  {'-':>5}"
+                else f"{'-':>9}  {'-':>7}  {'-':>8}  {'-':>5}  {'-':>9}  {'-':>5}"
             )
         )
     first = next((r for r in rows if "error" not in r), None)
@@ -142,9 +143,28 @@ def format_reports(rows: list[dict]) -> str:
         )
         if first.get("serialized_to"):
             lines.append(f"executable: {first['serialized_to']}")
+        if first.get("per_op_classes"):
+            lines.append(format_classes(first["per_op_classes"], first["per_op_step_seconds"]))
     lines.append(
-        "step ms is a roofline estimate, not a measurement: max(FLOPs / peak, bytes / HBM "
-        "bandwidth) per device, collectives not counted; MFU = the unpartitioned step's FLOPs "
-        "over all devices' peak in that time (an upper bound)"
+        "step ms is the whole-step roofline, an optimistic bound: max(FLOPs / peak, bytes / HBM "
+        "bandwidth) per device, collectives not counted. per-op ms sums each op's slowest unit "
+        "(MXU FLOPs, HBM bytes, VPU ops, ICI bytes; lmsuite/training/roofline.py), the closer "
+        "estimate. MFU = the unpartitioned step's FLOPs over all devices' peak in that time"
     )
+    return "\n".join(lines)
+
+
+def format_classes(classes: dict[str, dict[str, float]], total_seconds: float) -> str:
+    """The per-op projection by class: time, share, and the work behind it."""
+    lines = [f"per-op time by class ({total_seconds * 1e3:.1f} ms per step):"]
+    for name, row in sorted(classes.items(), key=lambda kv: -kv[1].get("seconds", 0.0)):
+        seconds = row.get("seconds", 0.0)
+        if not seconds:
+            continue
+        lines.append(
+            f"  {name:<10} {seconds * 1e3:8.1f} ms {100 * seconds / total_seconds:5.1f}%  "
+            f"{row.get('flops', 0) / 1e12:7.2f} TFLOP  {row.get('hbm_bytes', 0) / 1e9:7.1f} GB HBM"
+            f"  {row.get('vector_ops', 0) / 1e12:6.3f} T VPU ops"
+            + (f"  {row['ici_bytes'] / 1e9:.2f} GB ICI" if row.get("ici_bytes") else "")
+        )
     return "\n".join(lines)

@@ -41,6 +41,7 @@ TRAIN_PARAMETERS: dict[str, tuple[str, str | None]] = {
     "skip_nonfinite": ("trainer", "skip_nonfinite"),
     "progress_bar": ("trainer", "progress_bar"),
     "peak_flops_per_device": ("trainer", "peak_flops_per_device"),
+    "prng_impl": ("trainer", "prng_impl"),
     "checkpoint_every": ("checkpointing", "every"),
     "keep_checkpoints": ("checkpointing", "keep"),
     "checkpoint_nice": ("checkpointing", "nice"),

@@ -32,7 +32,15 @@ from etils import epath
 
 from lmsuite import partitioning
 from lmsuite.models import ModelConfig, Transformer, memory_shapes
-from lmsuite.training import accelerators, input_pipeline, preflight, recipes, report, step
+from lmsuite.training import (
+    accelerators,
+    input_pipeline,
+    preflight,
+    recipes,
+    report,
+    roofline,
+    step,
+)
 from lmsuite.training.train_state import sharded_abstract_state
 
 
@@ -68,6 +76,10 @@ class CompileReport:
     shapes_task: str
     compile_seconds: float
     serialized_to: str | None = None
+    # The per-op roofline (`roofline.py`): each op's slowest unit, summed over the ops.
+    per_op_step_seconds: float | None = None
+    per_op_mfu: float | None = None
+    per_op_classes: dict[str, dict[str, float]] | None = None  # class -> seconds, flops, ...
     out_of_memory: str | None = None
     usable_hbm_bytes: int | None = None  # what XLA said it could use, when it refused
     compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # the executable
@@ -205,6 +217,7 @@ def compile_train_step(
     seed: int = 0,
     num_microbatches: int = 1,
     skip_nonfinite: bool = False,
+    prng_impl: str = "threefry2x32",
     serialize_to: str | None = None,
     batch: Mapping[str, jax.ShapeDtypeStruct] | None = None,
     **_unused_train_arguments,
@@ -262,6 +275,7 @@ def compile_train_step(
         rules=rules,
         seed=seed,
         skip_nonfinite=skip_nonfinite,
+        prng_impl=prng_impl,
     )
     lowered, arguments = build(mesh=mesh, num_microbatches=num_microbatches)
     # XLA counts the unpartitioned program's FLOPs only when lowered for a real backend: the
@@ -302,7 +316,11 @@ def compile_train_step(
     compute_seconds = flops / generation.peak_flops
     memory_seconds = bytes_accessed / generation.hbm_bandwidth
     step_seconds = max(compute_seconds, memory_seconds)
-    mfu = step_flops / (len(devices) * generation.peak_flops * step_seconds) if step_seconds else 0
+    step_flops = float(step_flops or flops * len(devices))
+    peak = len(devices) * generation.peak_flops
+    mfu = step_flops / (peak * step_seconds) if step_seconds else 0
+    per_op = roofline.project(compiled.as_text(), roofline.rates_for(generation))
+    per_op_mfu = step_flops / (peak * per_op.seconds) if per_op.seconds else 0
     serialized_to = None
     if serialize_to is not None:
         serialized_to = _serialize(compiled, serialize_to, accelerator, (data, fsdp, tensor))
@@ -316,11 +334,14 @@ def compile_train_step(
         total_bytes=_total_bytes(memory),
         flops=flops,
         bytes_accessed=bytes_accessed,
-        step_flops=float(step_flops or flops * len(devices)),
+        step_flops=step_flops,
         compute_seconds=compute_seconds,
         memory_seconds=memory_seconds,
         step_seconds=step_seconds,
         mfu=float(mfu),
+        per_op_step_seconds=per_op.seconds,
+        per_op_mfu=float(per_op_mfu),
+        per_op_classes=per_op.by_class(),
         compile_seconds=compile_seconds,
         serialized_to=serialized_to,
         compiled=compiled,
@@ -340,6 +361,7 @@ def _lower_step(
     seed,
     num_microbatches,
     skip_nonfinite,
+    prng_impl,
 ):
     """`lmsuite train`'s jitted step, lowered for `mesh` from shapes alone."""
     batch_size = next(iter(batch.values())).shape[0]
@@ -359,7 +381,8 @@ def _lower_step(
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
         for k, v in batch.items()
     }
-    rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=state_shardings.step)
+    key = step.dropout_key(seed + 1, prng_impl)  # the loop's key: its shape and dtype
+    rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=state_shardings.step)
     train_step = step.jit_train_step(
         apply_fn=model.apply,
         objective=recipe.objective,

@@ -177,7 +177,7 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
     eval_step = step.jit_eval_step(
         apply_fn=model.apply, objective=built.objective, rules=trainer.rules, **shardings
     )
-    dropout_rng = jax.random.PRNGKey(trainer.seed + 1)
+    dropout_rng = step.dropout_key(trainer.seed + 1, trainer.prng_impl)
     evaluate = _evaluator(data, built, eval_step, batch_sharding, carry_shapes, state_shardings)
 
     # ----------------------------------------------------------------------------- loop

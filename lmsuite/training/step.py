@@ -53,6 +53,12 @@ def _new_carry(objective: Objective, outputs) -> Any:
     return None if objective.carry is None else outputs[objective.carry.model_output]
 
 
+def dropout_key(seed: int, impl: str = "threefry2x32") -> jax.Array:
+    """The run's dropout key, a typed key of PRNG implementation `impl` (see
+    `TrainerConfig.prng_impl`). A threefry key holds the same bits as `PRNGKey(seed)`."""
+    return jax.random.key(seed, impl=impl)
+
+
 def _rngs(rng: jax.Array) -> dict[str, jax.Array]:
     """The model's rng streams: "dropout", and "sample" for models that sample inside the step
     (ELECTRA's generator); models without sampling ignore it."""

@@ -311,6 +311,9 @@ class DataConfig(_Group):
         )
 
 
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerConfig(_Group):
     """How the loop runs: `train_steps` optimizer updates from `seed` (data order, initial
@@ -319,6 +322,14 @@ class TrainerConfig(_Group):
     `final_eval` evaluates at the last step when `eval_every` (0: never) does not; `skip_nonfinite`
     skips a NaN/Inf update instead of stopping; `peak_flops_per_device` (None: this device's
     table value, measured on CPU) is the MFU's denominator.
+
+    `prng_impl` makes the dropout bits (`step.dropout_key`): "threefry2x32" (JAX's default: the
+    same bits on every backend and mesh, what the bitwise tests use) computes them with integer
+    ops on the vector unit, which on a TPU can cost more than the step's matmuls; "rbg" and
+    "unsafe_rbg" use XLA's RngBitGenerator, the TPU's hardware generator ("unsafe_rbg" also
+    derives the per-step and per-layer keys more cheaply, with weaker statistical guarantees
+    between streams). Every choice is deterministic for one backend and mesh, so a resume stays
+    bitwise; runs with different choices draw different dropout masks.
     """
 
     train_steps: int
@@ -332,6 +343,7 @@ class TrainerConfig(_Group):
     skip_nonfinite: bool = False
     progress_bar: bool = True
     peak_flops_per_device: float | None = None
+    prng_impl: str = "threefry2x32"
 
     def __post_init__(self):
         if isinstance(self.mesh_shape, list | tuple):  # else kept as given: `problems` names it
@@ -347,6 +359,11 @@ class TrainerConfig(_Group):
         _positive(out, "trainer.num_microbatches", self.num_microbatches)
         _positive(out, "trainer.log_every", self.log_every)
         _positive(out, "trainer.eval_every", self.eval_every, zero=True)
+        if self.prng_impl not in PRNG_IMPLS:
+            out.append(
+                f"trainer.prng_impl must be one of {', '.join(map(repr, PRNG_IMPLS))}, "
+                f"got {self.prng_impl!r}"
+            )
         return out
 
 
