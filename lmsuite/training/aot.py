@@ -406,7 +406,7 @@ def _out_of_memory(message, arguments, common, step_flops, seconds) -> CompileRe
         temp = int(float(found[1]) * _UNITS[found[2]])
         usable = int(float(found[3]) * _UNITS[found[4]])
     argument_bytes = sum(
-        int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * np.dtype(leaf.dtype).itemsize
+        int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize  # keys too
         for leaf in jax.tree.leaves(arguments)
     )
     return CompileReport(

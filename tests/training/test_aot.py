@@ -155,7 +155,9 @@ def test_compile_cli_table_and_serialized_executable(capsys, tmp_path):
                      f"--model_dir={tmp_path}"])  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "fits" in captured.out and "roofline estimate" in captured.out
+    assert "fits" in captured.out and "whole-step roofline" in captured.out
+    assert "per-op ms" in captured.out and "per-op time by class" in captured.out
+    assert "matmul" in captured.out
     written = list((tmp_path / "compiled").glob("train_step_v4-8_4x1x1.xla"))
     assert len(written) == 1 and written[0].stat().st_size > 1000
 
