@@ -39,11 +39,15 @@ SPLASH_LANES = 128  # splash's key blocks are a multiple of this; so must L and 
 IMPLEMENTATIONS = ("plain", "fused", "fused_interpret")
 
 
+def _log_once(message: str) -> None:
+    if message not in _logged_reasons:
+        _logged_reasons.add(message)
+        logger.warning("%s", message)
+
+
 def log_plain_once(reason: str) -> None:
     """Logs (once per reason and process) that a fused request runs the plain path."""
-    if reason not in _logged_reasons:
-        _logged_reasons.add(reason)
-        logger.warning("attention_impl='fused' runs the plain attention path: %s", reason)
+    _log_once(f"attention_impl='fused' runs the plain attention path: {reason}")
 
 
 def plain_reason(
@@ -90,9 +94,9 @@ def fused_attention(q_BLHK, k_BMHK, v_BMHK, layout: MaskLayout | None, *, interp
             )
         return splash(q_BLHK, k_BMHK, v_BMHK)
     if not splash_fits:
-        log_plain_once(
-            f"on TPU, splash attention needs L and M multiples of {SPLASH_LANES} "
-            f"(got {length}, {memory}); XLA's attention runs instead"
+        _log_once(
+            f"attention_impl='fused' runs XLA's attention on TPU, not splash: L and M must be "
+            f"multiples of {SPLASH_LANES}, got L={length}, M={memory}"
         )
     branches = dict(tpu=splash if splash_fits else xla, default=xla)
     if jax.default_backend() == "gpu":
