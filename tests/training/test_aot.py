@@ -230,3 +230,19 @@ def test_microbatched_steps_count_every_microbatch():
     # Per device: the loop's four trips (and, scaled with them, the optimizer update) against
     # one pass over the whole batch.
     assert 0.95 < split.flops / whole.flops < 1.3
+
+
+def test_fused_attention_compiles_to_the_splash_kernel():
+    """attention_impl="fused" lowered for a TPU slice from this CPU host runs Pallas' splash
+    kernel (Mosaic custom calls), forward and both backward passes in every layer."""
+    pytest.importorskip("libtpu")
+    kwargs = _arguments("bert_tiny", "v4-8", "--gin.ModelConfig.attention_impl='fused'")
+    assert kwargs["model_config"].attention_impl == "fused"
+    found = aot.compile_train_step(accelerator="v4-8", **kwargs)
+    hlo = found.compiled.as_text()
+    assert "tpu_custom_call" in hlo
+    layers = kwargs["model_config"].num_layers
+    for kernel in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"):
+        calls = [line for line in hlo.splitlines() if kernel in line and "custom-call(" in line]
+        assert len(calls) == layers, (kernel, calls)
+    assert found.fits and found.flops > 0
