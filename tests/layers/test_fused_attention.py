@@ -113,6 +113,25 @@ def test_splash_kernel_interpreted_equals_plain(kind, dtype):
     _compare("fused_interpret", kind, dtype, length=128, memory=256 if kind == "cross" else 128)
 
 
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (a forced host mesh)")
+def test_splash_under_a_mesh_runs_per_batch_and_head_shard(monkeypatch):
+    from flax import linen as nn
+
+    from lmsuite import partitioning
+
+    shapes = []
+    local = fused_attention._splash_local
+    monkeypatch.setattr(
+        fused_attention,
+        "_splash_local",
+        lambda q, *a, **k: shapes.append(q.shape) or local(q, *a, **k),
+    )
+    mesh = partitioning.make_mesh(data=2, fsdp=1, tensor=2, devices=jax.devices()[:4])
+    with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.DEFAULT_RULES):
+        _compare("fused_interpret", "packed", jnp.float32, length=128, memory=128)
+    assert shapes and set(shapes) == {(1, 128, 1, K)}  # a batch row and a head per device
+
+
 def test_the_layout_describes_the_dense_mask():
     seg_BL = np.array([[1, 1, 2, 2, 0], [3, 3, 3, 0, 0]], np.int32)
     valid_BL = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
