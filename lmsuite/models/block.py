@@ -17,7 +17,6 @@ def make_attention(config: ModelConfig, *, name: str, cross: bool = False) -> nn
 
         if config.attention_impl == "fused":
             log_plain_once("DeBERTa's disentangled attention has no fused kernel")
-
         return DisentangledAttention(config=config, name=name)
     return MultiHeadAttention(
         num_heads=config.num_heads,
@@ -120,7 +119,8 @@ class Block(nn.Module):
             return unpack
 
         attention = self.attention or make_attention(cfg, name="attention")
-        layout = lambda module, layout: (
+        # DeBERTa's attention takes no layout: it always runs its own plain path.
+        with_layout = lambda module, layout: (
             {}
             if layout is None or not isinstance(module, MultiHeadAttention)
             else dict(mask_layout=layout)
@@ -141,7 +141,7 @@ class Block(nn.Module):
                     deterministic=deterministic,
                     **(attention_kwargs or {}),
                     **(self_cache or {}),
-                    **layout(attention, mask_layout),
+                    **with_layout(attention, mask_layout),
                 ),
             ),
         )
@@ -167,7 +167,7 @@ class Block(nn.Module):
                         mask=cross_mask,
                         deterministic=deterministic,
                         **(memory or {}),
-                        **layout(cross, cross_mask_layout),
+                        **with_layout(cross, cross_mask_layout),
                     ),
                 ),
             )
