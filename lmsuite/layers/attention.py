@@ -10,7 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from lmsuite import partitioning as P
+from lmsuite.layers import fused_attention
 from lmsuite.layers.dense import DenseGeneral, add_bias, default_kernel_init
+from lmsuite.layers.masks import MaskLayout
 
 
 def masked_softmax(logits_BHLM, mask_B1LM):
@@ -80,6 +82,7 @@ class MultiHeadAttention(nn.Module):
     init_stddev: float = 0.02
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "plain"
 
     @nn.compact
     def __call__(
@@ -92,7 +95,13 @@ class MultiHeadAttention(nn.Module):
         deterministic: bool = True,
         cache=None,
         cache_index=None,
+        mask_layout: MaskLayout | None = None,
     ):
+        if self.attention_impl not in fused_attention.IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention_impl must be one of {fused_attention.IMPLEMENTATIONS}, "
+                f"got {self.attention_impl!r}"
+            )
         d_model = x_BLD.shape[-1]
         kw = dict(
             kernel_init=default_kernel_init(self.init_stddev),
@@ -124,6 +133,28 @@ class MultiHeadAttention(nn.Module):
             )
         if self.scale_logits:
             q_BLHK = q_BLHK / jnp.sqrt(self.scale_factor * self.head_dim).astype(self.dtype)
+        project_out = lambda out_BLHK: DenseGeneral(
+            (d_model,), (P.HEADS, P.KV), (P.EMBED,), use_bias=self.use_bias, name="out", **kw
+        )(out_BLHK)
+        if self.attention_impl != "plain":
+            reason = fused_attention.plain_reason(
+                dropout=self.dropout_rate > 0 and not deterministic,
+                bias=bias_BHLM is not None,
+                cache=cache is not None,
+                mask=mask is not None,
+                layout=mask_layout,
+                sow=self.is_mutable_collection("intermediates"),
+            )
+            if not reason:
+                out_BLHK = fused_attention.fused_attention(
+                    q_BLHK,
+                    k_BMHK,
+                    v_BMHK,
+                    mask_layout,
+                    interpret=self.attention_impl == "fused_interpret",
+                )
+                return project_out(out_BLHK)
+            fused_attention.log_plain_once(reason)
         logits_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
         if bias_BHLM is not None:
             logits_BHLM = add_attention_bias(logits_BHLM, bias_BHLM)
@@ -132,9 +163,6 @@ class MultiHeadAttention(nn.Module):
         self.sow("intermediates", "attention_weights", probs_BHLM)
         probs_BHLM = nn.Dropout(self.dropout_rate)(probs_BHLM, deterministic=deterministic)
         out_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
-        out_BLD = DenseGeneral(
-            (d_model,), (P.HEADS, P.KV), (P.EMBED,), use_bias=self.use_bias, name="out", **kw
-        )(out_BLHK)
         if cache is None:
-            return out_BLD
-        return out_BLD, {"key": k_BMHK, "value": v_BMHK}
+            return project_out(out_BLHK)
+        return project_out(out_BLHK), {"key": k_BMHK, "value": v_BMHK}

@@ -1,10 +1,13 @@
 """Boolean attention masks, all broadcastable to (B, 1, L, M): True means "may attend".
 
 Masks combine with `&`. Every builder validates its inputs' ranks, since a wrongly shaped mask
-broadcasts silently into nonsense.
+broadcasts silently into nonsense. `MaskLayout` describes the same masks by segment ids and a
+causal flag, for fused kernels (`fused_attention.py`).
 """
 
+import jax
 import jax.numpy as jnp
+from flax import struct
 
 
 def _check_rank(name: str, x, rank: int):
@@ -101,3 +104,73 @@ def combine(*masks) -> jnp.ndarray | None:
         if m is not None:
             out = m if out is None else out & m
     return out
+
+
+@struct.dataclass
+class MaskLayout:
+    """A mask's structure, for fused attention kernels that never see a dense (B, 1, L, M) mask.
+
+    Query l may see key m when `q_segment_ids_BL[b, l] == kv_segment_ids_BM[b, m]` (both None:
+    every key) and, with `causal`, m <= l. `unfusable` names why a mask has no such structure
+    (a prefix-LM or full mask); such a layout routes attention to the plain path.
+    """
+
+    q_segment_ids_BL: jax.Array | None = None
+    kv_segment_ids_BM: jax.Array | None = None
+    causal: bool = struct.field(pytree_node=False, default=False)
+    unfusable: str = struct.field(pytree_node=False, default="")
+
+    def dense(self, length: int, memory: int) -> jnp.ndarray | None:
+        """The (B or 1, 1, L, M) boolean mask this layout describes (None: no mask)."""
+        out = None
+        if self.q_segment_ids_BL is not None:
+            q_BL, kv_BM = self.q_segment_ids_BL, self.kv_segment_ids_BM
+            out = (q_BL[:, :, None] == kv_BM[:, None, :])[:, None]
+        if self.causal:
+            order = jnp.arange(memory)[None, :] <= jnp.arange(length)[:, None]
+            out = combine(out, order[None, None])
+        return out
+
+
+def segment_layout(
+    *, key_valid_BM=None, q_segment_ids_BL=None, kv_segment_ids_BM=None, length=None, causal=False
+) -> MaskLayout:
+    """The layout of `padding_mask(key_valid_BM) & segment_mask(q, kv) [& causal_mask]`.
+
+    Keys that are padding (invalid, or segment id 0) get id -1. Packing's padded queries
+    (segment 0) get -1 too, so they see the padded keys instead of nothing: their output
+    differs from the plain path's zero vector, and real positions never see them. Without
+    segment ids every query gets id 1 (`length` gives L), so padded queries see the real keys,
+    as `padding_mask` lets them.
+
+    >>> layout = segment_layout(key_valid_BM=jnp.array([[1, 1, 0]]), length=3)
+    >>> layout.q_segment_ids_BL, layout.kv_segment_ids_BM
+    (Array([[1, 1, 1]], dtype=int32), Array([[ 1,  1, -1]], dtype=int32))
+    """
+    if (q_segment_ids_BL is None) != (kv_segment_ids_BM is None):
+        raise ValueError(
+            "segment_layout needs both q_segment_ids_BL and kv_segment_ids_BM or neither"
+        )
+    if q_segment_ids_BL is None and key_valid_BM is None:
+        return MaskLayout(causal=causal)
+    if q_segment_ids_BL is None:
+        _check_rank("attention_mask", key_valid_BM, 2)
+        if length is None:
+            raise ValueError("segment_layout without segment ids needs the query length")
+        q_BL = jnp.ones((key_valid_BM.shape[0], length), jnp.int32)
+        kv_BM = jnp.where(key_valid_BM.astype(bool), 1, -1).astype(jnp.int32)
+        return MaskLayout(q_BL, kv_BM, causal=causal)
+    _check_rank("segment_ids", q_segment_ids_BL, 2)
+    _check_rank("segment_ids", kv_segment_ids_BM, 2)
+    q_BL = jnp.where(q_segment_ids_BL > 0, q_segment_ids_BL, -1).astype(jnp.int32)
+    real_BM = kv_segment_ids_BM > 0
+    if key_valid_BM is not None:
+        _check_rank("attention_mask", key_valid_BM, 2)
+        real_BM = real_BM & key_valid_BM.astype(bool)
+    kv_BM = jnp.where(real_BM, kv_segment_ids_BM, -1).astype(jnp.int32)
+    return MaskLayout(q_BL, kv_BM, causal=causal)
+
+
+def unfusable_layout(reason: str) -> MaskLayout:
+    """A layout saying the mask has no fusable structure, and why."""
+    return MaskLayout(unfusable=reason)

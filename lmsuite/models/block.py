@@ -4,6 +4,7 @@ import flax.linen as nn
 
 from lmsuite import partitioning as P
 from lmsuite.layers.attention import MultiHeadAttention
+from lmsuite.layers.fused_attention import log_plain_once
 from lmsuite.layers.mlp import MLP
 from lmsuite.layers.norm import make_norm
 from lmsuite.models.config import ModelConfig
@@ -14,6 +15,8 @@ def make_attention(config: ModelConfig, *, name: str, cross: bool = False) -> nn
     if config.position_type == "deberta" and not cross:
         from lmsuite.layers.disentangled import DisentangledAttention
 
+        if config.attention_impl == "fused":
+            log_plain_once("DeBERTa's disentangled attention has no fused kernel")
         return DisentangledAttention(config=config, name=name)
     return MultiHeadAttention(
         num_heads=config.num_heads,
@@ -26,6 +29,7 @@ def make_attention(config: ModelConfig, *, name: str, cross: bool = False) -> nn
         dropout_rate=config.attention_dropout_rate,
         init_stddev=config.init_stddev,
         dtype=config.compute_dtype,
+        attention_impl=config.attention_impl,
         name=name,
     )
 
@@ -55,6 +59,9 @@ class Block(nn.Module):
     With a `cache` ({"attention": kv, "cross_attention": kv}, see `MultiHeadAttention`; the
     cross entry is absent until the encoder output has been projected once) the call returns
     (x_BLD, new cache) and `encoded_BMD` may be None once the cross entry is there.
+
+    `mask_layout` / `cross_mask_layout` describe `mask` / `cross_mask` for fused attention
+    (`masks.MaskLayout`); they reach `MultiHeadAttention` only.
     """
 
     config: ModelConfig
@@ -76,6 +83,8 @@ class Block(nn.Module):
         cache=None,
         cache_index=None,
         kv_BLD=None,
+        mask_layout=None,
+        cross_mask_layout=None,
     ):
         cfg = self.config
         pre = cfg.norm_position == "pre"
@@ -110,6 +119,12 @@ class Block(nn.Module):
             return unpack
 
         attention = self.attention or make_attention(cfg, name="attention")
+        # DeBERTa's attention takes no layout: it always runs its own plain path.
+        with_layout = lambda module, layout: (
+            {}
+            if layout is None or not isinstance(module, MultiHeadAttention)
+            else dict(mask_layout=layout)
+        )
         self_cache = (
             None if cache is None else dict(cache=cache["attention"], cache_index=cache_index)
         )
@@ -126,6 +141,7 @@ class Block(nn.Module):
                     deterministic=deterministic,
                     **(attention_kwargs or {}),
                     **(self_cache or {}),
+                    **with_layout(attention, mask_layout),
                 ),
             ),
         )
@@ -151,6 +167,7 @@ class Block(nn.Module):
                         mask=cross_mask,
                         deterministic=deterministic,
                         **(memory or {}),
+                        **with_layout(cross, cross_mask_layout),
                     ),
                 ),
             )

@@ -250,6 +250,9 @@ class ModelConfig:
                        sizes, activation, norm_eps, dropout, init_stddev, tie_embeddings,
                        output_bias and dtype; its positions are relative sinusoids, so
                        position_type, max_length and type_vocab_size play no part.
+      attention        attention_dropout_rate; attention_impl ("plain": einsum and softmax; "fused":
+                       a kernel per backend, with the plain path where it cannot apply, see
+                       `lmsuite.layers.fused_attention`).
       electra          ElectraOptions: the sizes are the discriminator's, a generator is derived
                        (`lmsuite.models.electra`); needs heads ("mlm", "rtd").
     """
@@ -304,6 +307,7 @@ class ModelConfig:
 
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
+    attention_impl: str = "plain"  # "fused": splash (TPU) / cuDNN (GPU), see layers/fused_attention
     mlp_inner_dropout: bool = False  # T5 applies dropout between the two FFN matmuls
     init_stddev: float = 0.02
 
@@ -411,6 +415,7 @@ class ModelConfig:
         choice("norm_position", ("pre", "post"))
         choice("activation", tuple(ACTIVATIONS))
         choice("dtype", DTYPES)
+        choice("attention_impl", ("plain", "fused"))
         if self.head_activation is not None:
             choice("head_activation", tuple(ACTIVATIONS))
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_length"):

@@ -11,7 +11,12 @@ import jax.numpy as jnp
 from lmsuite.models import stack
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
-from lmsuite.models.inputs import refuse_given, self_attention_mask, validate_inputs
+from lmsuite.models.inputs import (
+    refuse_given,
+    self_attention_layout,
+    self_attention_mask,
+    validate_inputs,
+)
 from lmsuite.models.outputs import head_outputs
 from lmsuite.models.stack import Stack
 
@@ -111,15 +116,19 @@ class DecoderModel(nn.Module):
             else None,
             deterministic=deterministic,
         )
-        mask = self_attention_mask(
-            cfg,
-            input_ids.shape[1],
+        mask_inputs = dict(
             attention_mask=attention_mask,
             segment_ids=segment_ids,
             causal=True,
             prefix_mask=prefix_mask,
         )
-        hidden = decoder(x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic)
+        hidden = decoder(
+            x,
+            mask=self_attention_mask(cfg, input_ids.shape[1], **mask_inputs),
+            mask_layout=self_attention_layout(cfg, input_ids.shape[1], **mask_inputs),
+            position_ids_BL=position_ids,
+            deterministic=deterministic,
+        )
         return head_outputs(
             cfg,
             token_embedder,

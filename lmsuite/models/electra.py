@@ -100,7 +100,7 @@ class _Tower(nn.Module):
     token_embedder: nn.Module
 
     @nn.compact
-    def __call__(self, x_BLE, *, mask, masked_positions=None, deterministic):
+    def __call__(self, x_BLE, *, mask, mask_layout=None, masked_positions=None, deterministic):
         cfg = self.config
         if cfg.embed_width != cfg.d_model or cfg.project_embeddings:
             x_BLE = DenseGeneral(
@@ -114,7 +114,7 @@ class _Tower(nn.Module):
             )(x_BLE)
             x_BLE = nn.with_logical_constraint(x_BLE, (P.BATCH, P.LENGTH, P.EMBED))
         hidden = Stack(config=cfg, num_layers=cfg.num_layers, name="encoder")(
-            x_BLE, mask=mask, deterministic=deterministic
+            x_BLE, mask=mask, mask_layout=mask_layout, deterministic=deterministic
         )
         if cfg.heads == ("mlm",):
             h = hidden if masked_positions is None else gather_positions(hidden, masked_positions)
@@ -194,6 +194,9 @@ class ElectraPretrainer(nn.Module):
             config=_shared_embedding_config(cfg), token_embedder=token_embedder, name="embedder"
         )
         mask = None if attention_mask is None else masks.padding_mask(attention_mask)
+        layout = None
+        if cfg.attention_impl == "fused":
+            layout = masks.segment_layout(key_valid_BM=attention_mask, length=input_ids.shape[1])
 
         def embed(ids):
             return embedder(ids, type_ids_BL=token_type_ids, deterministic=deterministic)
@@ -202,6 +205,7 @@ class ElectraPretrainer(nn.Module):
         mlm_logits, _ = generator(
             embed(input_ids),
             mask=mask,
+            mask_layout=layout,
             masked_positions=masked_positions,
             deterministic=deterministic,
         )
@@ -229,7 +233,7 @@ class ElectraPretrainer(nn.Module):
 
         discriminator = _Tower(config=disc_cfg, token_embedder=token_embedder, name="discriminator")
         outputs["rtd_logits"], outputs["hidden"] = discriminator(
-            embed(corrupted), mask=mask, deterministic=deterministic
+            embed(corrupted), mask=mask, mask_layout=layout, deterministic=deterministic
         )
         return outputs
 

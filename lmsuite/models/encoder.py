@@ -11,7 +11,7 @@ import jax
 from lmsuite.models import span_boundary
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import Embedder, make_token_embedder
-from lmsuite.models.inputs import self_attention_mask, validate_inputs
+from lmsuite.models.inputs import self_attention_layout, self_attention_mask, validate_inputs
 from lmsuite.models.outputs import head_outputs
 from lmsuite.models.stack import Stack
 
@@ -81,16 +81,16 @@ class EncoderModel(nn.Module):
             else None,
             deterministic=deterministic,
         )
-        mask = self_attention_mask(
-            cfg,
-            input_ids.shape[1],
-            attention_mask=attention_mask,
-            segment_ids=segment_ids,
-            causal=False,
-            prefix_mask=None,
+        mask_inputs = dict(
+            attention_mask=attention_mask, segment_ids=segment_ids, causal=False, prefix_mask=None
         )
+        mask = self_attention_mask(cfg, input_ids.shape[1], **mask_inputs)
         hidden = Stack(config=cfg, num_layers=cfg.num_layers, causal=False, name="encoder")(
-            x, mask=mask, position_ids_BL=position_ids, deterministic=deterministic
+            x,
+            mask=mask,
+            mask_layout=self_attention_layout(cfg, input_ids.shape[1], **mask_inputs),
+            position_ids_BL=position_ids,
+            deterministic=deterministic,
         )
         # DeBERTa's enhanced mask decoder: the stack also returns the MLM head's own input.
         hidden, mlm_in = hidden if cfg.emd_layers else (hidden, hidden)

@@ -18,6 +18,7 @@ from lmsuite.models.inputs import (
     check_ids,
     check_length,
     check_same_shape,
+    self_attention_layout,
     self_attention_mask,
     validate_inputs,
 )
@@ -97,21 +98,20 @@ class EncoderDecoderModel(nn.Module):
         x = self.encoder_embedder(
             input_ids, position_ids_BL=position_ids, deterministic=deterministic
         )
-        enc_mask = self_attention_mask(
-            cfg,
-            input_ids.shape[1],
-            attention_mask=attention_mask,
-            segment_ids=segment_ids,
-            causal=False,
-            prefix_mask=None,
+        enc_inputs = dict(
+            attention_mask=attention_mask, segment_ids=segment_ids, causal=False, prefix_mask=None
         )
-        encoded = self.encoder(x, mask=enc_mask, deterministic=deterministic)
+        encoded = self.encoder(
+            x,
+            mask=self_attention_mask(cfg, input_ids.shape[1], **enc_inputs),
+            mask_layout=self_attention_layout(cfg, input_ids.shape[1], **enc_inputs),
+            deterministic=deterministic,
+        )
         y = self.decoder_embedder(
             decoder_input_ids, position_ids_BL=decoder_position_ids, deterministic=deterministic
         )
-        dec_mask = self_attention_mask(
-            cfg,
-            decoder_input_ids.shape[1],
+        dec_length = decoder_input_ids.shape[1]
+        dec_inputs = dict(
             attention_mask=decoder_attention_mask,
             segment_ids=decoder_segment_ids,
             causal=True,
@@ -126,11 +126,22 @@ class EncoderDecoderModel(nn.Module):
             if decoder_segment_ids is None or segment_ids is None
             else masks.segment_mask(decoder_segment_ids, segment_ids),
         )
+        cross_layout = None
+        if cfg.attention_impl == "fused":
+            both_segments = decoder_segment_ids is not None and segment_ids is not None
+            cross_layout = masks.segment_layout(
+                key_valid_BM=masks.combine(attention_mask, cross_attention_mask),
+                q_segment_ids_BL=decoder_segment_ids if both_segments else None,
+                kv_segment_ids_BM=segment_ids if both_segments else None,
+                length=dec_length,
+            )
         hidden = self.decoder(
             y,
-            mask=dec_mask,
+            mask=self_attention_mask(cfg, dec_length, **dec_inputs),
+            mask_layout=self_attention_layout(cfg, dec_length, **dec_inputs),
             encoded_BMD=encoded,
             cross_mask=cross_mask,
+            cross_mask_layout=cross_layout,
             deterministic=deterministic,
         )
         return self._heads(hidden, deterministic)

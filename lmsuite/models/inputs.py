@@ -96,6 +96,32 @@ def self_attention_mask(
     return masks.combine(pad, order, seg)
 
 
+def self_attention_layout(
+    config: ModelConfig, length: int, *, attention_mask, segment_ids, causal, prefix_mask
+) -> masks.MaskLayout | None:
+    """The structure of `self_attention_mask`'s mask for attention_impl "fused" (None for
+    "plain"); a mask without one (prefix LM, a full mask, padded queries) says why."""
+    if config.attention_impl != "fused":
+        return None
+    if prefix_mask is not None:
+        return masks.unfusable_layout(
+            "a prefix-LM mask (a bidirectional prefix of per-example length) has no fused layout"
+        )
+    if attention_mask is not None and attention_mask.ndim == 3:
+        return masks.unfusable_layout("a full (B, L, L) attention mask (UniLM) has no fused layout")
+    if attention_mask is not None and config.mask_padded_queries:
+        return masks.unfusable_layout(
+            "mask_padded_queries (padded queries attend to nothing) has no fused layout"
+        )
+    return masks.segment_layout(
+        key_valid_BM=attention_mask,
+        q_segment_ids_BL=segment_ids,
+        kv_segment_ids_BM=segment_ids,
+        length=length,
+        causal=causal,
+    )
+
+
 def refuse_given(inputs: dict, what: str):
     given = sorted(name for name, x in inputs.items() if x is not None)
     if given:

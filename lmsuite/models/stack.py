@@ -29,6 +29,9 @@ class Stack(nn.Module):
     Cached decoding (causal stacks only): `cache` maps `layers_{i}` (one entry per application,
     also when a block is shared) to that block's cache, the L inputs sit at positions
     [cache_index, cache_index + L) of the M cached ones, and the call returns (x_BLD, new cache).
+
+    `mask_layout` / `cross_mask_layout` (`masks.MaskLayout`) let attention_impl "fused" read the
+    masks' structure; the dense masks stay for the plain path.
     """
 
     config: ModelConfig
@@ -48,6 +51,8 @@ class Stack(nn.Module):
         deterministic=True,
         cache=None,
         cache_index=None,
+        mask_layout=None,
+        cross_mask_layout=None,
     ):
         cfg = self.config
         bias_BHLM = None
@@ -97,6 +102,8 @@ class Stack(nn.Module):
             cross_mask=cross_mask,
             deterministic=deterministic,
             attention_kwargs=attention_kwargs,
+            mask_layout=mask_layout,
+            cross_mask_layout=cross_mask_layout,
         )
         if cfg.share_layers == "all":
             block = Block(config=cfg, has_cross=self.has_cross, name="layers_shared")
