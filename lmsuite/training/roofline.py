@@ -245,7 +245,7 @@ def _cost(module, computation, inst: Instruction, trips: int, rates: Rates) -> O
             vector = 0.0 if inst.opcode in _NO_VECTOR_WORK else _vector_ops(inst, computation)
             rng_vector = vector if _RNG_NAMES.search(inst.op_name) else 0.0
         if inst.opcode == "custom-call":
-            flops = _custom_call_flops(inst)
+            flops, vector = _kernel_work(inst, computation)
         op_class = _classify(inst, flops, vector, rng_vector)
     times = {
         "mxu": flops / rates.mxu_flops,
@@ -273,6 +273,8 @@ def _classify(inst: Instruction, flops: float, vector: float, rng_vector: float)
     name = inst.op_name
     if rng_vector and rng_vector >= 0.5 * vector:
         return "rng"
+    if inst.name.startswith(tuple(_SPLASH_MATMULS)):
+        return "attention"
     if "/attention/" in name and not _PROJECTIONS.search(name):
         return "attention"
     if flops:
@@ -431,10 +433,37 @@ def _window(text: str, rank: int) -> list[dict]:
     return out
 
 
-def _custom_call_flops(inst: Instruction) -> float:
-    """A Pallas kernel's own FLOP estimate (`pl.CostEstimate`), when it gave one."""
+# Splash attention's kernels: (B, H, L, M, K)-sized matmuls each runs (the forward: scores and
+# the weighted sum; dq: scores again, dO.V^T, dS.K; dkv: scores, dO.V^T, dS^T.Q, P^T.dO).
+_SPLASH_MATMULS = {"splash_mha_fwd": 2, "splash_mha_dq": 3, "splash_mha_dkv": 4}
+# VPU ops per score a kernel spends: the segment mask, the running max, subtract, exp, the
+# row sums and rescaling (forward), or exp of the recomputed scores and dS = P (dP - D)
+# (backward). An estimate from the kernels' source, not a count.
+SPLASH_VECTOR_OPS_PER_SCORE = 6
+
+
+def _kernel_work(inst: Instruction, computation: Computation) -> tuple[float, float]:
+    """(MXU FLOPs, VPU ops) of a custom call: a Pallas kernel's own estimate
+    (`pl.CostEstimate`) when it gave one, splash attention's from its shapes (every block
+    counted: a causal mask's skipped blocks make it an upper bound), else (0, 0)."""
     found = re.search(r'\\?"flops\\?"\s*:\s*\\?"?(\d+)', inst.attributes)
-    return float(found[1]) if found else 0.0
+    if found:
+        return float(found[1]), 0.0
+    kind = next((k for k in _SPLASH_MATMULS if inst.name.startswith(k)), None)
+    if kind is None:
+        return 0.0, 0.0
+    arrays = [
+        a
+        for name in inst.operands
+        for a in _operand_arrays(computation, name)
+        if a.dtype in ("f32", "bf16", "f16") and len(a.dims) >= 3
+    ]
+    if len(arrays) < 2:
+        return 0.0, 0.0
+    q, k = arrays[0], arrays[1]
+    *lead, length, width = q.dims
+    scores = math.prod(lead) * length * k.dims[-2]
+    return 2.0 * _SPLASH_MATMULS[kind] * scores * width, float(SPLASH_VECTOR_OPS_PER_SCORE * scores)
 
 
 def _collective_bytes(computation: Computation, inst: Instruction) -> float:

@@ -117,3 +117,29 @@ def test_rates_follow_the_published_peaks():
     clock = 275e12 / (2 * 4 * 128 * 128 * 2)
     assert rates.vpu_ops == pytest.approx(2 * 8 * 128 * 2 * clock)
     assert rates.mxu_flops == V4.peak_flops and rates.hbm_bandwidth == V4.hbm_bandwidth
+
+
+def test_splash_kernels_are_attention_with_their_matmuls_counted():
+    """The fused path's kernels carry no cost estimate: their FLOPs come from the shapes."""
+    from lmsuite.layers.fused_attention import fused_attention
+    from lmsuite.layers.masks import MaskLayout
+
+    def loss(q, k, v, ids):
+        return fused_attention(
+            q, k, v, MaskLayout(q_segment_ids_BL=ids, kv_segment_ids_BM=ids)
+        ).sum()
+
+    qkv = ((2, 128, 4, 16), jnp.float32)
+    compiled = _compile_for_v4(jax.grad(loss, (0, 1, 2)), qkv, qkv, qkv, ((2, 128), jnp.int32))
+    ops = roofline.project(compiled.as_text(), roofline.rates_for(V4)).ops
+    kernels = [op for op in ops if op.name.startswith("splash_mha")]
+    assert {op.op_class for op in kernels} == {"attention"}
+    assert {op.name.split("_segmented")[0] for op in kernels} == {
+        "splash_mha_fwd",
+        "splash_mha_dq",
+        "splash_mha_dkv",
+    }
+    # forward: scores and the weighted sum, 2 x B x H x L x M x K each
+    forward = next(op for op in kernels if op.name.startswith("splash_mha_fwd"))
+    assert forward.flops == 2 * 2 * (2 * 4 * 128 * 128 * 16)
+    assert forward.vector_ops == roofline.SPLASH_VECTOR_OPS_PER_SCORE * 2 * 4 * 128 * 128
