@@ -1,5 +1,6 @@
 """Mask builders: exact small cases and shape validation."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -41,3 +42,39 @@ def test_fully_masked_row_gives_zero_probabilities():
     p = masked_softmax(logits, mask)
     np.testing.assert_allclose(p[0, 0, 0], [0.5, 0.0, 0.5])
     np.testing.assert_array_equal(p[0, 0, 1], [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_low_precision_probabilities_match_autodiff_within_bf16(masked):
+    """`probabilities` in bfloat16 keeps only bf16 probabilities for the backward pass; its
+    values and gradients equal autodiff's through the float32 softmax to bf16's precision
+    (8 mantissa bits: a relative error of 2^-8 per rounding), and float32 is autodiff itself."""
+    from lmsuite.layers.attention import probabilities
+
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 5, 7)) * 3, jnp.float32)
+    mask = jnp.asarray(rng.random((2, 1, 5, 7)) > 0.3) if masked else None
+    weights = jnp.asarray(rng.normal(size=logits.shape), jnp.float32)
+
+    def loss(x, fn):
+        return jnp.sum(fn(x).astype(jnp.float32) * weights)
+
+    reference = lambda x: masked_softmax(x, mask).astype(jnp.bfloat16)
+    ours = lambda x: probabilities(x, mask, jnp.bfloat16)
+    low = logits.astype(jnp.bfloat16)
+    np.testing.assert_array_equal(ours(low), reference(low))
+    g_ours = jax.grad(loss)(low, ours).astype(jnp.float32)
+    g_ref = jax.grad(loss)(low, reference).astype(jnp.float32)
+    scale = float(jnp.max(jnp.abs(g_ref)))
+    # bf16 probabilities (rounded once more than autodiff's float32 residual) feed
+    # p * (g - sum(g p)), and the gradient is rounded to bf16 again: a few roundings of 2^-8
+    error = float(jnp.max(jnp.abs(g_ours - g_ref)))
+    assert 0 < error <= 4 * 2**-8 * scale  # not autodiff itself, and within bf16's precision
+    if masked:
+        assert (
+            float(jnp.max(jnp.abs(jnp.where(jnp.broadcast_to(mask, g_ours.shape), 0, g_ours)))) == 0
+        )
+    f32 = lambda x: probabilities(x, mask, jnp.float32)
+    np.testing.assert_array_equal(
+        jax.grad(loss)(logits, f32), jax.grad(loss)(logits, lambda x: masked_softmax(x, mask))
+    )
