@@ -52,6 +52,7 @@ $(PEERS_STAMP): benchmarks/peers-requirements.txt
 
 bench: $(STAMP) $(PEERS_STAMP)
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python
+	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/model_step.py --peer_python=$(PEERS)/bin/python --dtype=bfloat16
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/seq2seq_step.py --peer_python=$(PEERS)/bin/python
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/xlnet_step.py
 	$(HOST_MALLOC) JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 $(PY) benchmarks/electra_step.py

@@ -49,9 +49,11 @@ from lmsuite.models import ModelConfig, Transformer  # noqa: E402
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_flax_bert.py"
 
 
-def build_ours(config: StepConfig):
-    """(step, state): a jitted state -> state update and its initial (params, opt_state, rng)."""
+def build_ours(config: StepConfig, dtype: str = "float32"):
+    """(step, state): a jitted state -> state update and its initial (params, opt_state, rng).
+    `dtype` is lmsuite's activation dtype (parameters stay float32; the peer runs float32)."""
     model_config = ModelConfig(
+        dtype=dtype,
         vocab_size=config.vocab_size,
         d_model=config.d_model,
         num_heads=config.num_heads,
@@ -101,9 +103,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_config_flags(parser)
     add_driver_flags(parser, rounds=5, steps_per_round=3)
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="lmsuite's activation dtype (bfloat16: the paper-sized experiments' mixed "
+        "precision; the peer stays float32, XLA:CPU has no bf16 matmul units)",
+    )
     args = parser.parse_args()
     config = config_from_args(args)
-    step, state = build_ours(config)
+    print(f"lmsuite activations in {args.dtype}; HF Flax in float32")
+    step, state = build_ours(config, args.dtype)
     ours = Ours(
         step=step,
         state=state,
@@ -121,7 +131,7 @@ def main():
         ours,
         peer_script=PEER_SCRIPT,
         flops=flops,
-        what="BERT",
+        what="BERT" if args.dtype == "float32" else f"BERT ({args.dtype} activations)",
         jax_version=jax.__version__,
     )
 
