@@ -107,7 +107,7 @@ class Stack(nn.Module):
             penultimate_BLD = None  # the enhanced mask decoder, which reads it, is not scanned
             blocks = []
         elif cfg.share_layers == "all":
-            block = _rematted(cfg)(**layer, name="layers_shared")
+            block = rematted(cfg)(**layer, name="layers_shared")
             blocks = [block] * self.num_layers
         else:
             shared_attention = shared_mlp = None
@@ -116,7 +116,7 @@ class Stack(nn.Module):
             if cfg.share_layers == "ffn":
                 shared_mlp = make_mlp(cfg, name="shared_mlp")
             blocks = [
-                _rematted(cfg)(
+                rematted(cfg)(
                     **layer, attention=shared_attention, mlp=shared_mlp, name=f"layers_{i}"
                 )
                 for i in range(self.num_layers)
@@ -196,11 +196,17 @@ _REMAT_POLICIES = {
 }
 
 
-def _rematted(config: ModelConfig, layer: type[Layer] = Layer, *, prevent_cse: bool = True):
-    """`layer`, or `layer` under nn.remat with the config's policy."""
+def rematted(config: ModelConfig, layer=Layer, *, prevent_cse: bool = True, static_argnums=()):
+    """The module class `layer`, or `layer` under nn.remat with the config's policy
+    (`static_argnums` count `self` as 0, as flax's do)."""
     if config.remat == "none":
         return layer
-    return nn.remat(layer, policy=_REMAT_POLICIES[config.remat], prevent_cse=prevent_cse)
+    return nn.remat(
+        layer,
+        policy=_REMAT_POLICIES[config.remat],
+        prevent_cse=prevent_cse,
+        static_argnums=static_argnums,
+    )
 
 
 def _scanned(config: ModelConfig, num_layers: int):
@@ -209,7 +215,7 @@ def _scanned(config: ModelConfig, num_layers: int):
     bias, the encoder output and DeBERTa's relative terms reach every layer unchanged."""
     # Inside a scan the loop itself keeps XLA from merging the recomputation into the forward
     # pass, which is what prevent_cse guards against (flax's nn.remat docstring).
-    body = _rematted(config, _ScanBody, prevent_cse=False)
+    body = rematted(config, _ScanBody, prevent_cse=False)
     return nn.scan(
         body,
         variable_axes={True: 0},
