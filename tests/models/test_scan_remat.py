@@ -111,8 +111,7 @@ def test_scanned_init_has_the_scanned_tree_with_a_layers_axis(name):
     assert tuple(kernel["layers"]["mlp"]["wo"]["kernel"]) == ("layers", "mlp", "embed")
 
 
-@pytest.mark.parametrize("name", ["bert", "t5"])
-@pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.parametrize("name, scan", [("bert", False), ("bert", True), ("t5", True)])
 @pytest.mark.parametrize("remat", ["dots", "full"])
 def test_remat_gives_the_same_loss_and_gradients_with_dropout(name, scan, remat):
     config = _config(name, scan_layers=scan)
