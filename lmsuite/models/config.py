@@ -254,8 +254,10 @@ class ModelConfig:
                        scan_layers: the stack runs one block under nn.scan over parameters
                        stacked on a leading "layers" axis (`<stack>/layers/...` instead of
                        `<stack>/layers_{i}/...`; `scan_layout` converts): the compiled step holds
-                       one block, not num_layers. Not with share_layers (nothing to stack), the
-                       enhanced mask decoder or XLNet / Transformer-XL; cached decoding runs the
+                       one block, not num_layers. Pair it with remat: under a scan without one,
+                       every layer's residuals are stacked, more than the unrolled step keeps
+                       (docs/tpu.md). Not with share_layers (nothing to stack), the enhanced
+                       mask decoder or XLNet / Transformer-XL; cached decoding runs the
                        unscanned layout.
       heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
                        (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA),
