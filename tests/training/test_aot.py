@@ -245,4 +245,6 @@ def test_scanned_layers_count_every_layer():
     # Per device an estimate (the unpartitioned programs' ratio scales the compiled counts); the
     # loop's body counted once would give about 0.5 here.
     assert 0.75 < scanned.flops / whole.flops < 1.25
-    assert 0.75 < scanned.bytes_accessed / whole.bytes_accessed < 1.25
+    # Bytes are not under-counted; XLA's count of the scan's stacked buffers over-counts them
+    # (about 2x here and for BERT-base, docs/tpu.md), so the projection errs on the slow side.
+    assert 0.75 < scanned.bytes_accessed / whole.bytes_accessed < 2.5
