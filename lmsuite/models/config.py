@@ -507,6 +507,7 @@ class ModelConfig:
             )
 
     def _validate_layers(self):
+        # Which families scan at all is their row's `scans` (`families.check`).
         if self.remat not in REMAT_POLICIES:
             raise ValueError(
                 f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}"
@@ -525,11 +526,6 @@ class ModelConfig:
             why = (
                 f"DebertaOptions.emd_layers={self.emd_layers}: the enhanced mask decoder reruns "
                 "the last block on the second-to-last layer's output, which a scan does not expose"
-            )
-        elif self.architecture in ("xlnet", "transformer_xl"):
-            why = (
-                f"architecture={self.architecture!r} runs its own two-stream layer loop with "
-                "per-layer memory, which is not scanned (remat applies)"
             )
         if why:
             raise ValueError(f"ModelConfig.scan_layers=True cannot apply: {why}")

@@ -37,7 +37,7 @@ def stack_paths(config: ModelConfig) -> tuple[tuple[tuple[str, ...], int], ...]:
     Raises:
       ValueError: a config whose layers cannot be stacked (shared layers, XLNet's own loop).
     """
-    if config.share_layers != "none" or config.architecture in ("xlnet", "transformer_xl"):
+    if config.share_layers != "none" or not families.family(config).scans:
         raise ValueError(
             "scan_layout converts stacks of distinct layers; "
             f"{families.describe(config)} with share_layers={config.share_layers!r} has none"
