@@ -25,6 +25,9 @@ MLP = "mlp"
 VOCAB = "vocab"
 # Small tables that are never worth sharding: segment types, position tables, relative buckets.
 TABLE = "table"
+# The leading axis of a scanned stack's parameters (ModelConfig.scan_layers): one entry per layer,
+# never sharded, since every device runs every layer.
+LAYERS = "layers"
 
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     (BATCH, ("data", "fsdp")),
@@ -35,6 +38,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     (MLP, "tensor"),
     (VOCAB, "tensor"),
     (TABLE, None),
+    (LAYERS, None),
 )
 
 

@@ -4,6 +4,10 @@ model = from_hf(hf_model_or_dir)      # .config, .params, .logits(...) == HF's .
 model.logits_and_mems(...)             # XLNet: (HF's .logits, HF's .mems)
 to_hf(config, params, out_dir)         # safetensors + config.json that transformers loads
 to_hf(config, params, out_dir, special_ids=vocab.special_ids(v))   # another vocabulary's ids
+from_hf(hf_model, scan_layers=True)    # params in the scanned layout (ModelConfig.scan_layers)
+
+HF checkpoints hold one entry per layer: a scanned config's parameters are unscanned on export
+and scanned after import (`lmsuite.models.scan_layout`).
 """
 
 import dataclasses
@@ -14,12 +18,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from lmsuite import extras
 from lmsuite.convert import common
-from lmsuite.models import ModelConfig, Transformer, families
+from lmsuite.models import ModelConfig, Transformer, families, scan_layout
 
 
 def _families() -> dict[str, common.Family]:
@@ -116,8 +121,11 @@ def _from_pretrained(hf_class, path: str):
         ) from error
 
 
-def from_hf(hf_model_or_dir) -> ConvertedModel:
-    """Converts a HF model (an instance, or a directory holding config.json and weights)."""
+def from_hf(hf_model_or_dir, *, scan_layers: bool = False) -> ConvertedModel:
+    """Converts a HF model (an instance, or a directory holding config.json and weights).
+
+    `scan_layers`: the config gets ModelConfig.scan_layers and the parameters its layout.
+    """
     families = _families()
     if isinstance(hf_model_or_dir, str | os.PathLike):
         path = os.fspath(hf_model_or_dir)
@@ -143,6 +151,9 @@ def from_hf(hf_model_or_dir) -> ConvertedModel:
     config = family.config_from_hf(hf_model.config, hf_class)
     flat = family.params_from_hf(_state_dict(hf_model), config, hf_class)
     params = common.check_params(config, flat)
+    if scan_layers:
+        config = config.replace(scan_layers=True)
+        params = scan_layout.scan_params(params, config)
     return ConvertedModel(config, params, hf_class, hf_model.config, family)
 
 
@@ -236,6 +247,9 @@ def to_hf(
     if hf_class not in families:
         raise ValueError(f"cannot export to {hf_class}; supported classes: {sorted(families)}")
     family = families[hf_class]
+    if config.scan_layers:
+        params = scan_layout.unscan_params(nn.unbox(params), config)
+        config = config.replace(scan_layers=False)
     flat = common.flatten(params)
     common.check_params(config, flat)
     generation = dict(generation or {})

@@ -3,7 +3,8 @@
 an lmsuite run directory   (run.json + checkpoints/<step>/ written by `lmsuite train`): the
                            ModelConfig and the task come from run.json (`run_config`), the
                            vocabulary from the task, and only the parameters are read from the
-                           newest committed step (or `step`), as training saved them;
+                           newest committed step (or `step`), as training saved them (a
+                           scanned run's, ModelConfig.scan_layers, unscanned for decoding);
 a HF directory             (config.json + weights [+ tokenizer.json]): `lmsuite.convert.from_hf`
                            and, for text, the `tokenizers` library;
 a transformers model       (an instance, with an optional tokenizer=).
@@ -22,7 +23,7 @@ import numpy as np
 from lmsuite.convert import common, from_hf
 from lmsuite.evaluation import run_config, tokenizer_export
 from lmsuite.evaluation.handle import LoadedModel, forward_for
-from lmsuite.models import families
+from lmsuite.models import families, scan_layout
 from lmsuite.training import checkpointing
 
 CHECKPOINTS = "checkpoints"
@@ -142,6 +143,11 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
     run_config.register_run_tasks(run, where=os.path.join(model_dir, run_config.RUN_FILE))
     config = run.model_config
     params = common.check_params(config, common.flatten(restore_params(f"{step_dir}/{STATE_ITEM}")))
+    if config.scan_layers:
+        # Checkpoints keep the layout the run trained with; evaluation and cached decoding run
+        # the unscanned one (one cache entry per layer).
+        params = scan_layout.unscan_params(params, config)
+        config = config.replace(scan_layers=False)
     vocab = None
     if run.task is not None:
         template = tokenizer_export.template_for(config)

@@ -13,6 +13,7 @@ SHARING = ("none", "all", "attention", "ffn")
 HEADS = ("mlm", "lm", "classifier", "rtd", "sbo")
 DTYPES = ("float32", "bfloat16", "float16")
 XLNET_ATTENTION_TYPES = ("bi", "uni")
+REMAT_POLICIES = ("none", "dots", "full")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -240,6 +241,24 @@ class ModelConfig:
                        the norm and has no bias), mask_padded_embeddings (DeBERTa: zero the
                        embeddings of padded tokens given a (B, L) attention_mask).
       sharing          share_layers: none, all (ALBERT), attention, ffn (ALBERT's ablation).
+      layers           remat: what each block keeps for the backward pass (its memory against
+                       recomputation; the parameters and outputs are the same whichever):
+                         "none"  every activation (no rematerialisation);
+                         "dots"  the outputs of the matmuls against weights (projections, FFN),
+                                 through jax.checkpoint_policies.dots_with_no_batch_dims_saveable:
+                                 the attention einsums (B and H are batch dimensions there) and
+                                 every elementwise op are recomputed, so the (B, H, L, L) scores
+                                 are never stored, which checkpoint_dots would keep;
+                         "full"  nothing inside a block: its input only, the block is run again
+                                 in the backward pass.
+                       scan_layers: the stack runs one block under nn.scan over parameters
+                       stacked on a leading "layers" axis (`<stack>/layers/...` instead of
+                       `<stack>/layers_{i}/...`; `scan_layout` converts): the compiled step holds
+                       one block, not num_layers. Pair it with remat: under a scan without one,
+                       every layer's residuals are stacked, more than the unrolled step keeps
+                       (docs/tpu.md). Not with share_layers (nothing to stack), the enhanced
+                       mask decoder or XLNet / Transformer-XL; cached decoding runs the
+                       unscanned layout.
       heads            any of mlm (transform + vocabulary), lm (vocabulary), classifier
                        (pooler + num_labels, used for NSP/SOP/fine-tuning), rtd (ELECTRA),
                        sbo (SpanBERT's span boundary head, `span_boundary.py`: sbo_max_span
@@ -294,6 +313,8 @@ class ModelConfig:
     mask_padded_embeddings: bool = False  # DeBERTa: embeddings * attention_mask
 
     share_layers: str = "none"
+    remat: str = "none"  # one of REMAT_POLICIES; see "layers" above
+    scan_layers: bool = False  # nn.scan over one block with stacked parameters
 
     heads: tuple[str, ...] = ("mlm",)
     mlm_transform: bool = True
@@ -451,6 +472,7 @@ class ModelConfig:
                 f"ModelConfig.tupe is for position_type='tupe', not {self.position_type!r}"
             )
         self._validate_emd()
+        self._validate_layers()
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -488,6 +510,30 @@ class ModelConfig:
                 f"DebertaOptions.emd_layers={n} reads the second-to-last layer: needs "
                 f"num_layers >= 2, got {self.num_layers}"
             )
+
+    def _validate_layers(self):
+        # Which families scan at all is their row's `scans` (`families.check`).
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}"
+            )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
+        if not self.scan_layers:
+            return
+        why = None
+        if self.share_layers != "none":
+            why = (
+                f"share_layers={self.share_layers!r} shares parameters between layers, so there "
+                "is no per-layer stack to scan over (remat still applies)"
+            )
+        elif self.emd_layers:
+            why = (
+                f"DebertaOptions.emd_layers={self.emd_layers}: the enhanced mask decoder reruns "
+                "the last block on the second-to-last layer's output, which a scan does not expose"
+            )
+        if why:
+            raise ValueError(f"ModelConfig.scan_layers=True cannot apply: {why}")
 
 
 def _nest_flat_deberta(values: dict[str, Any]) -> dict[str, Any]:

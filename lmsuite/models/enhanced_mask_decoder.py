@@ -28,8 +28,9 @@ from lmsuite.models.config import ModelConfig
 class EnhancedMaskDecoder(nn.Module):
     """hidden_BLD (the second-to-last layer's output) -> the MLM head's input states (B, L, D).
 
-    `layer` is the stack's last `Block`, passed in so that its parameters stay where the stack
-    put them (`layers_{n-1}`, or `layers_shared`) and each pass reuses them.
+    `layer` is the stack's last `stack.Layer` (built with the stack's dropout mode), passed in so
+    that its parameters stay where the stack put them (`layers_{n-1}`, or `layers_shared`) and
+    each pass reuses them.
     """
 
     config: ModelConfig
@@ -43,7 +44,6 @@ class EnhancedMaskDecoder(nn.Module):
         position_ids_BL=None,
         mask=None,
         attention_kwargs=None,
-        deterministic: bool = True,
     ):
         """`position_ids_BL` index the table (default 0..L-1; packing restarts them per example);
         `mask` and `attention_kwargs` are the stack's, so the passes attend as its layers do."""
@@ -69,10 +69,6 @@ class EnhancedMaskDecoder(nn.Module):
         query_BLD = table(position_ids_BL) + hidden_BLD
         for _ in range(cfg.emd_layers):
             query_BLD = self.layer(
-                query_BLD,
-                kv_BLD=hidden_BLD,
-                mask=mask,
-                deterministic=deterministic,
-                attention_kwargs=attention_kwargs,
+                query_BLD, mask, attention_kwargs=attention_kwargs, kv_BLD=hidden_BLD
             )
         return query_BLD

@@ -52,6 +52,7 @@ class Family:
                  the fine-tuning probes (classification, extractive QA) apply.
     one_stack    `encode` and `attention` read the states of its single stack from the text
                  alone.
+    scans        its layers run under ModelConfig.scan_layers (its stacks are `stack.Stack`s).
     check        raises ValueError for a config this family cannot build (called by
                  ModelConfig itself, so gin's error names the file).
     """
@@ -66,6 +67,7 @@ class Family:
     prefix: bool = False
     bidirectional: bool = False
     one_stack: bool = False
+    scans: bool = True
     check: Callable[[ModelConfig], None] = lambda config: None
 
     def scores(self, config: ModelConfig) -> str | None:
@@ -189,9 +191,16 @@ ENCODER_DECODER = Family(
     seq2seq=True,
     check=_check_encoder_decoder,
 )
-XLNET = Family(name="xlnet", module=TwoStreamTransformer, heads=("lm",), check=_check_xlnet)
+# Their own two-stream layer loop with per-layer memory is not scanned (remat applies).
+XLNET = Family(
+    name="xlnet", module=TwoStreamTransformer, heads=("lm",), scans=False, check=_check_xlnet
+)
 TRANSFORMER_XL = Family(
-    name="transformer_xl", module=TransformerXL, heads=("lm",), check=_check_transformer_xl
+    name="transformer_xl",
+    module=TransformerXL,
+    heads=("lm",),
+    scans=False,
+    check=_check_transformer_xl,
 )
 # The families whose training state carries a memory (two_stream.memory_shapes).
 _WITH_MEMORY = (XLNET, TRANSFORMER_XL)
@@ -251,6 +260,11 @@ def check(config: ModelConfig):
             f"position_type='tupe' is implemented for architecture='encoder' only, got "
             f"architecture={config.architecture!r}: other architectures take position_type "
             "'learned', 'sinusoidal', 't5_relative' or 'none'"
+        )
+    if config.scan_layers and not fam.scans:
+        raise ValueError(
+            f"ModelConfig.scan_layers=True cannot apply: {describe(config)} runs its own "
+            "two-stream layer loop with per-layer memory, which is not scanned (remat applies)"
         )
     fam.check(config)
 

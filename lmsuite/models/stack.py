@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lmsuite import partitioning as P
 from lmsuite.layers import masks
 from lmsuite.layers.attention import init_kv_cache
 from lmsuite.layers.norm import make_norm
@@ -22,6 +23,10 @@ class Stack(nn.Module):
     between otherwise separate layers. T5 relative positions add `relative_bias`, computed once
     and used by every layer; TUPE's positional term (`untied_positions`) likewise; DeBERTa adds
     `relative_embeddings`.
+
+    ModelConfig.remat runs each block under nn.remat; ModelConfig.scan_layers runs one block
+    `layers` under nn.scan, its parameters stacked on a leading axis (`scan_layout` converts
+    between the two layouts).
 
     With config.emd_layers the call returns (x_BLD, mlm_BLD): the MLM head's input from
     `enhanced_mask_decoder` (the second-to-last layer's output through the last block again).
@@ -95,18 +100,22 @@ class Stack(nn.Module):
                 length, position_ids_BL=position_ids_BL
             )
 
-        kwargs = dict(
-            mask=mask,
-            bias_BHLM=bias_BHLM,
-            encoded_BMD=encoded_BMD,
-            cross_mask=cross_mask,
-            deterministic=deterministic,
-            attention_kwargs=attention_kwargs,
-            mask_layout=mask_layout,
-            cross_mask_layout=cross_mask_layout,
-        )
-        if cfg.share_layers == "all":
-            block = Block(config=cfg, has_cross=self.has_cross, name="layers_shared")
+        if cache is not None and cfg.scan_layers:
+            raise ValueError(
+                "cached decoding runs the unscanned layout: convert the parameters with "
+                "scan_layout.unscan_params and use config.replace(scan_layers=False)"
+            )
+        inputs = (
+            mask, bias_BHLM, encoded_BMD, cross_mask, attention_kwargs, mask_layout,
+            cross_mask_layout,
+        )  # fmt: skip
+        layer = dict(config=cfg, has_cross=self.has_cross, deterministic=deterministic)
+        if cfg.scan_layers:
+            x_BLD, _ = _scanned(cfg, self.num_layers)(**layer, name="layers")(x_BLD, *inputs)
+            penultimate_BLD = None  # the enhanced mask decoder, which reads it, is not scanned
+            blocks = []
+        elif cfg.share_layers == "all":
+            block = rematted(cfg)(**layer, name="layers_shared")
             blocks = [block] * self.num_layers
         else:
             shared_attention = shared_mlp = None
@@ -115,12 +124,8 @@ class Stack(nn.Module):
             if cfg.share_layers == "ffn":
                 shared_mlp = make_mlp(cfg, name="shared_mlp")
             blocks = [
-                Block(
-                    config=cfg,
-                    has_cross=self.has_cross,
-                    attention=shared_attention,
-                    mlp=shared_mlp,
-                    name=f"layers_{i}",
+                rematted(cfg)(
+                    **layer, attention=shared_attention, mlp=shared_mlp, name=f"layers_{i}"
                 )
                 for i in range(self.num_layers)
             ]
@@ -128,10 +133,10 @@ class Stack(nn.Module):
         for i, block in enumerate(blocks):
             penultimate_BLD = x_BLD
             if cache is None:
-                x_BLD = block(x_BLD, **kwargs)
+                x_BLD = block(x_BLD, *inputs)
             else:
                 x_BLD, new_cache[f"layers_{i}"] = block(
-                    x_BLD, **kwargs, cache=cache[f"layers_{i}"], cache_index=cache_index
+                    x_BLD, *inputs, cache=cache[f"layers_{i}"], cache_index=cache_index
                 )
         if cfg.final_norm:
             x_BLD = make_norm(
@@ -144,9 +149,92 @@ class Stack(nn.Module):
             x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
         if cfg.emd_layers:
             emd = EnhancedMaskDecoder(config=cfg, layer=blocks[-1], name="enhanced_mask_decoder")
-            kwargs = dict(mask=mask, attention_kwargs=attention_kwargs, deterministic=deterministic)
+            kwargs = dict(mask=mask, attention_kwargs=attention_kwargs)
             return x_BLD, emd(penultimate_BLD, position_ids_BL=position_ids_BL, **kwargs)
         return x_BLD if cache is None else (x_BLD, new_cache)
+
+
+class Layer(Block):
+    """A `Block` as a stack runs it: `deterministic` is fixed when the layer is built and the
+    inputs are positional, so that every call argument is an array or None, which nn.remat can
+    trace and nn.scan's in_axes can name. The parameters are the Block's."""
+
+    deterministic: bool = True
+
+    def __call__(
+        self,
+        x_BLD,
+        mask=None,
+        bias_BHLM=None,
+        encoded_BMD=None,
+        cross_mask=None,
+        attention_kwargs=None,
+        mask_layout=None,
+        cross_mask_layout=None,
+        *,
+        cache=None,
+        cache_index=None,
+        kv_BLD=None,
+    ):
+        return super().__call__(
+            x_BLD,
+            mask=mask,
+            bias_BHLM=bias_BHLM,
+            encoded_BMD=encoded_BMD,
+            cross_mask=cross_mask,
+            attention_kwargs=attention_kwargs,
+            mask_layout=mask_layout,
+            cross_mask_layout=cross_mask_layout,
+            deterministic=self.deterministic,
+            cache=cache,
+            cache_index=cache_index,
+            kv_BLD=kv_BLD,
+        )
+
+
+class _ScanBody(Layer):
+    """A `Layer` as nn.scan's body: (carry x_BLD, broadcast inputs) -> (x_BLD, no output)."""
+
+    def __call__(self, x_BLD, *inputs):
+        return super().__call__(x_BLD, *inputs), None
+
+
+# ModelConfig.remat -> what a block saves for the backward pass (see ModelConfig's "layers").
+_REMAT_POLICIES = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def rematted(config: ModelConfig, layer=Layer, *, prevent_cse: bool = True, static_argnums=()):
+    """The module class `layer`, or `layer` under nn.remat with the config's policy
+    (`static_argnums` count `self` as 0, as flax's do)."""
+    if config.remat == "none":
+        return layer
+    return nn.remat(
+        layer,
+        policy=_REMAT_POLICIES[config.remat],
+        prevent_cse=prevent_cse,
+        static_argnums=static_argnums,
+    )
+
+
+def _scanned(config: ModelConfig, num_layers: int):
+    """One (rematted) block scanned `num_layers` times: every variable gains a leading "layers"
+    axis, each layer draws its own "params" and "dropout" keys, and the masks, the position
+    bias, the encoder output, DeBERTa's relative terms and the mask layouts reach every layer
+    unchanged."""
+    # Inside a scan the loop itself keeps XLA from merging the recomputation into the forward
+    # pass, which is what prevent_cse guards against (flax's nn.remat docstring).
+    body = rematted(config, _ScanBody, prevent_cse=False)
+    return nn.scan(
+        body,
+        variable_axes={True: 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * 7,  # Layer's inputs after x_BLD
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: P.LAYERS},
+    )
 
 
 def _cached_relative_bias(relative_bias: RelativePositionBias, cache, length: int, cache_index):

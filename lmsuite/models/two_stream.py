@@ -35,6 +35,7 @@ from lmsuite.layers.positions import relative_sinusoids
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import make_token_embedder
 from lmsuite.models.heads import VocabHead
+from lmsuite.models.stack import rematted
 
 # Score shift of a blocked key. Float32 scores are O(10), far below the spacing of floats near
 # 1e30, so a fully blocked row becomes uniform exactly as in the reference.
@@ -263,7 +264,8 @@ class TwoStreamLayer(nn.Module):
     segments: bool = True
 
     @nn.compact
-    def __call__(self, h_BLD, g_BPD, *, deterministic, **attention_inputs):
+    def __call__(self, h_BLD, g_BPD, deterministic, **attention_inputs):
+        """`deterministic` is positional: nn.remat (ModelConfig.remat) takes it as static."""
         cfg = self.config
         dtype = cfg.compute_dtype
         norm = lambda name: make_norm(cfg.norm_type, eps=cfg.norm_eps, dtype=dtype, name=name)
@@ -468,15 +470,14 @@ class TwoStreamTransformer(nn.Module):
         positions = tuple(drop(r) for r in relative_positions(cfg, length, memory + length))
 
         new_mems = []
+        layer = rematted(self.config, TwoStreamLayer, static_argnums=(3,))
         for i in range(cfg.num_layers):
             mem_BCD = None if mems is None else jnp.asarray(mems[i], dtype)
             new_mems.append(cache_memory(cfg, h_BLD, mem_BCD))
-            h_BLD, g_BPD = TwoStreamLayer(
-                config=cfg, segments=self.query_stream, name=f"layers_{i}"
-            )(
+            h_BLD, g_BPD = layer(config=cfg, segments=self.query_stream, name=f"layers_{i}")(
                 h_BLD,
                 g_BPD,
-                deterministic=deterministic,
+                deterministic,
                 shared_biases=shared_biases,
                 mem_BCD=mem_BCD,
                 positions=positions,

@@ -281,9 +281,14 @@ def compile_train_step(
     # XLA counts the unpartitioned program's FLOPs only when lowered for a real backend: the
     # same step on one CPU device (lowered, not compiled).
     # (Without the microbatch loop, whose body XLA would count once: the same FLOPs.)
-    step_flops = report.lowered_flops(
-        build(mesh=partitioning.make_mesh(devices=jax.devices("cpu")[:1]), num_microbatches=1)[0]
-    )
+    single = partitioning.make_mesh(devices=jax.devices("cpu")[:1])
+    step_flops = report.lowered_flops(build(mesh=single, num_microbatches=1)[0])
+    loop_scale = {"flops": 1.0, "bytes accessed": 1.0}
+    if model_config.scan_layers:
+        _, loop_scale = _unrolled_counts(build, model_config, objective, example, single)
+    if model_config.scan_layers or model_config.remat != "none":
+        # MFU counts the model's FLOPs: every layer once, no recomputation.
+        step_flops = _model_flops(build, model_config, objective, example, single)
     tokens = objective.num_tokens(
         {k: jax.numpy.ones(v.shape, v.dtype) for k, v in batch.items()}
     )  # fmt: skip
@@ -310,8 +315,10 @@ def compile_train_step(
     cost = (cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {})
     # XLA counts the microbatch loop's body once; scaled by the trips, the update is counted
     # that many times too (small against the passes it follows).
-    flops = float(cost.get("flops", 0.0)) * num_microbatches
-    bytes_accessed = float(cost.get("bytes accessed", 0.0)) * num_microbatches
+    flops = float(cost.get("flops", 0.0)) * num_microbatches * loop_scale["flops"]
+    bytes_accessed = (
+        float(cost.get("bytes accessed", 0.0)) * num_microbatches * loop_scale["bytes accessed"]
+    )
     generation = slice_.generation
     compute_seconds = flops / generation.peak_flops
     memory_seconds = bytes_accessed / generation.hbm_bandwidth
@@ -346,6 +353,46 @@ def compile_train_step(
         serialized_to=serialized_to,
         compiled=compiled,
     )
+
+
+def _model_flops(build, model_config, objective, example, single_mesh) -> float | None:
+    """The step's FLOPs with its layers unrolled and nothing recomputed (remat "none"), lowered
+    on one CPU device: the model FLOPs MFU is reported against."""
+    plain = Transformer(model_config.replace(scan_layers=False, remat="none"))
+
+    def init_plain(rng):
+        return plain.init({"params": rng}, **objective.model_inputs(example))["params"]
+
+    lowered = build(mesh=single_mesh, num_microbatches=1, model=plain, init_params=init_plain)[0]
+    return report.lowered_flops(lowered)
+
+
+def _unrolled_counts(build, model_config, objective, example, single_mesh):
+    """(step FLOPs, {count: unrolled / scanned}) of a step whose layers run under a scan
+    (ModelConfig.scan_layers), whose body XLA counts once, as it does the microbatch loop's.
+
+    The same step with its layers unrolled and the scanned one, both lowered (not compiled) on
+    one CPU device, give the unscanned step's FLOPs and, per count, the factor that scales the
+    compiled step's per-device FLOPs and bytes to all the layers (an estimate: the partitioned
+    program's loop is assumed to hold the same share of the work as the unpartitioned one's).
+    """
+    unrolled = Transformer(model_config.replace(scan_layers=False))
+
+    def init_unrolled(rng):
+        return unrolled.init({"params": rng}, **objective.model_inputs(example))["params"]
+
+    counts = []
+    for kwargs in ({}, dict(model=unrolled, init_params=init_unrolled)):
+        cost = build(mesh=single_mesh, num_microbatches=1, **kwargs)[0].cost_analysis()
+        cost = (cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {})
+        counts.append(cost)
+    scanned, unscanned = counts
+    scale = {}
+    for key in ("flops", "bytes accessed"):
+        ok = scanned.get(key, 0) > 0 and unscanned.get(key, 0) > 0
+        scale[key] = unscanned[key] / scanned[key] if ok else 1.0
+    step_flops = unscanned.get("flops")
+    return (float(step_flops) if step_flops else None), scale
 
 
 def _lower_step(

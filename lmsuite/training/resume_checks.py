@@ -5,7 +5,9 @@ new run must be the same run: `check_resume` reads D's run.json before anything 
 rewritten, and `compare` says what differs.
 
   model_config, recipe            must not change (the checkpoint would not restore, and the
-                                  old run's record would be lost): refused
+                                  old run's record would be lost): refused; except
+                                  ModelConfig.remat, which changes what the backward pass
+                                  keeps, not the parameters or the numbers
   batch_size, task, sequence_length, text_task
                                   change the data stream: refused unless `data_change` says
                                   how the data position follows (`DATA_CHANGES`)
@@ -26,6 +28,8 @@ from etils import epath
 from lmsuite.models import ModelConfig
 from lmsuite.training.train_config import DATA_CHANGES, InvalidRunError
 
+# ModelConfig fields a resume may change: they decide memory, not parameters or results.
+MEMORY_ONLY_FIELDS = ("remat",)
 # The record's fields whose change alters the data stream (`train.data_change` decides).
 DATA_FIELDS = ("batch_size", "task", "sequence_length", "text_task")
 
@@ -140,7 +144,7 @@ def _model_differences(old: Any, new: dict[str, Any]) -> list[str]:
     return [
         f"{key} {old_flat.get(key)!r} -> {new_flat.get(key)!r}"
         for key in sorted(set(old_flat) | set(new_flat))
-        if old_flat.get(key) != new_flat.get(key)
+        if old_flat.get(key) != new_flat.get(key) and key not in MEMORY_ONLY_FIELDS
     ]
 
 

@@ -460,3 +460,30 @@ def test_import_lmsuite_stays_cheap_and_exports_load():
     from lmsuite.evaluation.load import load
 
     assert lmsuite.load is load
+
+
+def test_a_scanned_run_loads_unscanned_and_decodes(tmp_path):
+    """A GPT-2 trained with ModelConfig.scan_layers saves stacked layers; `load` gives the
+    unscanned layout (what cached decoding needs) holding exactly those arrays, and generates."""
+    model_dir = tmp_path / "gpt2_scanned"
+    argv = train_argv(
+        recipes.RECIPES["causal_lm"],
+        "gpt2_tiny",
+        model_dir,
+        "--gin.ModelConfig.scan_layers=True",
+        "--gin.ModelConfig.remat='full'",
+        "--gin.train.final_eval=False",
+    )
+    assert cli.main(argv) == 0
+    saved = _saved_params(str(model_dir), 2)
+    assert "decoder/layers/mlp/wi/kernel" in saved
+    model = lmsuite.load(str(model_dir))
+    assert not model.config.scan_layers and model.config.remat == "full"
+    ours = _flat(model.params)
+    for i in range(model.config.num_layers):
+        np.testing.assert_array_equal(
+            ours[f"decoder/layers_{i}/mlp/wi/kernel"],
+            np.asarray(saved["decoder/layers/mlp/wi/kernel"])[i],
+        )
+    (text,) = model.generate("the", max_new_tokens=3)
+    assert text.startswith("the") and len(text) > len("the")

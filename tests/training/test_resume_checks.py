@@ -53,6 +53,13 @@ def test_a_changed_model_is_refused_naming_each_field_with_both_values():
         assert "d_ff" not in problem  # unchanged fields are not named
 
 
+def test_remat_may_change_but_scanned_layers_may_not():
+    """remat changes memory only; scan_layers changes the checkpoint's parameter layout."""
+    assert compare(_record(), _record(MODEL.replace(remat="full")), data_change=None) == DataPlan()
+    problem = _refused(_record(), _record(MODEL.replace(scan_layers=True)))
+    assert "scan_layers False -> True" in problem, problem
+
+
 def test_a_changed_batch_is_refused_without_the_option_and_rescaled_with_it():
     problem = _refused(_record(), _record(batch_size=16))
     assert "batch_size 8 -> 16" in problem and "train.data_change='rescale'" in problem

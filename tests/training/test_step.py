@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from lmsuite import partitioning
-from lmsuite.models import Transformer
+from lmsuite.models import Transformer, scan_layout
 from lmsuite.objectives import mlm
 from lmsuite.training import step
 from tests.training import tiny
@@ -125,3 +125,28 @@ def test_nonfinite_loss_is_flagged_and_optionally_skipped(skip):
         for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True)
     )
     assert unchanged == skip
+
+
+@needs_8
+def test_scanned_rematted_step_trains_as_the_unscanned_one():
+    """ModelConfig.scan_layers + remat="dots" on a (2, 2, 2) mesh: from the same parameters
+    (scan_layout), the same losses; the stacked "layers" axis stays unsharded."""
+    mesh = partitioning.make_mesh(data=2, fsdp=2, tensor=2)
+    config = tiny.CONFIG.replace(num_layers=3, dropout_rate=0.0, attention_dropout_rate=0.0)
+    scanned = config.replace(scan_layers=True, remat="dots")
+    state, run, batch_sharding, _ = tiny.build(mesh=mesh, config=config)
+    state_s, run_s, _, shardings_s = tiny.build(mesh=mesh, config=scanned)
+    params = scan_layout.scan_params(jax.device_get(state.params), scanned)
+    state_s = state_s.replace(params=jax.device_put(params, shardings_s.params))
+    kernel = state_s.params["encoder"]["layers"]["mlp"]["wi"]["kernel"]
+    assert kernel.shape == (3, 32, 64)
+    assert tuple(kernel.sharding.spec) == (None, "fsdp", "tensor")
+    losses, losses_s = [], []
+    for seed in range(3):
+        batch = jax.device_put(tiny.mlm_batch(seed=seed), batch_sharding)
+        state, metrics = run(state, batch, jax.random.PRNGKey(7))
+        state_s, metrics_s = run_s(state_s, batch, jax.random.PRNGKey(7))
+        losses.append(float(metrics["loss"]))
+        losses_s.append(float(metrics_s["loss"]))
+    np.testing.assert_allclose(losses_s, losses, rtol=1e-5)
+    assert losses[-1] != losses[0]
