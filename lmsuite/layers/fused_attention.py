@@ -95,8 +95,8 @@ def fused_attention(q_BLHK, k_BMHK, v_BMHK, layout: MaskLayout | None, *, interp
         return splash(q_BLHK, k_BMHK, v_BMHK)
     if not splash_fits:
         _log_once(
-            f"attention_impl='fused' runs XLA's attention on TPU, not splash: L and M must be "
-            f"multiples of {SPLASH_LANES}, got L={length}, M={memory}"
+            "attention_impl='fused': on a TPU this attention runs XLA's program, not splash "
+            f"(L and M must be multiples of {SPLASH_LANES}, got L={length}, M={memory})"
         )
     branches = dict(tpu=splash if splash_fits else xla, default=xla)
     if jax.default_backend() == "gpu":

@@ -254,6 +254,7 @@ def test_fused_attention_compiles_to_the_splash_kernel(experiment):
         assert len(calls) == attentions, (kernel, calls)
     assert found.fits and found.flops > 0
 
+
 def test_scanned_layers_count_every_layer():
     """XLA counts the scan over layers once (ModelConfig.scan_layers); the report counts every
     layer, as the unscanned step does."""
