@@ -19,7 +19,10 @@ def make_norm(
 ) -> nn.Module:
     """Returns a LayerNorm (scale and optional bias) or an RMSNorm (scale only, as in T5).
 
-    Both normalise in float32 whatever the compute dtype, as T5 and HF do.
+    Both normalise in float32 whatever the compute dtype, as T5 and HF do: flax's norms take
+    mean and variance in at least float32 and round only the output to `dtype`, since bf16
+    statistics of an offset activation lose its variance to cancellation
+    (tests/layers/test_norm.py holds them to it).
     """
     scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), (P.EMBED,))
     if norm_type == "layernorm":

@@ -1,5 +1,6 @@
 """Helpers for the HF parity tests: inputs with padding and two segments, and the comparison."""
 
+import dataclasses
 import json
 import os
 
@@ -9,6 +10,14 @@ import torch
 import lmsuite.convert as convert
 
 TOL = 1e-4
+
+# bfloat16 keeps 8 significant bits, so each rounding is off by up to u = 2**-8 of the value.
+# A 2-5 layer test model rounds its activations some dozens of times in sequence (projections,
+# residual adds, activations, the head); independent errors grow like the square root of their
+# number, ~6-8u of the largest logit. Measured with the f32 HF model as reference: 2.3u (BERT,
+# GPT-2), 4.4u (T5 1.0) and 6.2u (T5 1.1, logits up to 25). Weights off by N(0, 0.01^2) noise
+# move them by 55u-155u, so the bound below still tells a wrong model from rounding.
+BF16_REL_TOL = 16 * 2**-8
 
 
 def make_inputs(*, vocab_size: int, batch: int = 3, length: int = 11, seed: int = 0, types=2):
@@ -59,3 +68,19 @@ def roundtrip(converted, hf_class: str, tmp_path):
 
     out = convert.to_hf(converted.config, converted.params, str(tmp_path), hf_class=hf_class)
     return getattr(transformers, hf_class).from_pretrained(out).eval()
+
+
+def at_bf16(converted):
+    """The same converted model, float32 parameters, computing in bfloat16."""
+    return dataclasses.replace(converted, config=converted.config.replace(dtype="bfloat16"))
+
+
+def assert_bf16_close(ours, theirs, what: str, *, wrong):
+    """bfloat16 logits `ours` within BF16_REL_TOL of the largest f32 reference logit, while
+    `wrong` (the bfloat16 logits of a model with slightly perturbed weights) is not."""
+    assert np.asarray(ours).dtype.name == "bfloat16", np.asarray(ours).dtype
+    tol = BF16_REL_TOL * float(np.max(np.abs(np.asarray(theirs, np.float64))))
+    off = max_diff(wrong, theirs)
+    assert off > 2 * tol, f"{what}: a perturbed model is only {off:.3g} off, tol {tol:.3g}"
+    assert max_diff(ours, theirs) > 0, f"{what}: bfloat16 logits equal float32's exactly"
+    return assert_close(ours, theirs, what, tol=tol)

@@ -1,12 +1,22 @@
 """BERT parity: converted random HF models give HF's logits; to_hf round-trips."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 import transformers
 
 import lmsuite.convert as convert
-from tests.convert.parity import assert_close, hf_forward, make_inputs, roundtrip
+from tests.convert.parity import (
+    assert_bf16_close,
+    assert_close,
+    at_bf16,
+    hf_forward,
+    make_inputs,
+    roundtrip,
+)
+from tests.convert.perturb import perturb
 
 
 def _hf(hf_class, **overrides):
@@ -42,6 +52,21 @@ def test_logits_match_hf_and_roundtrip(hf_class, tmp_path):
     first = ref.prediction_logits if hf_class == "BertForPreTraining" else ref.logits
     second = ref2.prediction_logits if hf_class == "BertForPreTraining" else ref2.logits
     assert_close(second, first, "round-trip logits", tol=1e-6)
+
+
+def test_bf16_logits_near_f32_hf():
+    """Float32 weights computing in bfloat16 stay within rounding of HF's float32 logits."""
+    hf = perturb(_hf("BertForPreTraining"))
+    ids, mask, types = make_inputs(vocab_size=101)
+    ref = hf_forward(hf, input_ids=ids, attention_mask=mask, token_type_ids=types)
+    wrong = at_bf16(convert.from_hf(perturb(copy.deepcopy(hf), seed=1, scale=0.01)))
+    wrong_out = wrong.outputs(ids, mask, types)
+    out = at_bf16(convert.from_hf(hf)).outputs(ids, mask, types)
+    for ours, theirs, off, what in [
+        ("mlm_logits", ref.prediction_logits, wrong_out["mlm_logits"], "bf16 prediction_logits"),
+        ("classifier_logits", ref.seq_relationship_logits, wrong_out["classifier_logits"], "nsp"),
+    ]:
+        assert_bf16_close(out[ours], theirs, what, wrong=off)
 
 
 def test_relu_gelu_tanh_and_untied():

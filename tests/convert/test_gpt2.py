@@ -4,6 +4,8 @@ With right padding HF's outputs at padded positions are still defined (the mask 
 keys only, positions are 0..L-1), so all positions are compared.
 """
 
+import copy
+
 import jax
 import numpy as np
 import pytest
@@ -11,7 +13,14 @@ import torch
 import transformers
 
 import lmsuite.convert as convert
-from tests.convert.parity import assert_close, hf_forward, make_inputs, roundtrip
+from tests.convert.parity import (
+    assert_bf16_close,
+    assert_close,
+    at_bf16,
+    hf_forward,
+    make_inputs,
+    roundtrip,
+)
 from tests.convert.perturb import perturb
 
 
@@ -41,6 +50,16 @@ def test_logits_match_hf_and_roundtrip(tmp_path):
     assert_close(ours.logits(ids, mask), ref, "logits")
     back = roundtrip(ours, "GPT2LMHeadModel", tmp_path)
     assert_close(hf_forward(back, input_ids=ids, attention_mask=mask).logits, ref, "round trip")
+
+
+def test_bf16_logits_near_f32_hf():
+    """Float32 weights computing in bfloat16 stay within rounding of HF's float32 logits."""
+    hf = _hf()
+    ids, mask, _ = make_inputs(vocab_size=101, types=1)
+    ref = hf_forward(hf, input_ids=ids, attention_mask=mask).logits
+    logits = lambda m: at_bf16(convert.from_hf(m)).logits(ids, mask)
+    wrong = logits(perturb(copy.deepcopy(hf), seed=1, scale=0.01))
+    assert_bf16_close(logits(hf), ref, "bf16 logits", wrong=wrong)
 
 
 def test_padding_does_not_shift_positions():

@@ -6,6 +6,8 @@ attends causally to all of its inputs, as HF does without a decoder_attention_ma
 decoder position is defined and compared.
 """
 
+import copy
+
 import jax
 import numpy as np
 import pytest
@@ -13,7 +15,14 @@ import torch
 import transformers
 
 import lmsuite.convert as convert
-from tests.convert.parity import assert_close, hf_forward, make_inputs, roundtrip
+from tests.convert.parity import (
+    assert_bf16_close,
+    assert_close,
+    at_bf16,
+    hf_forward,
+    make_inputs,
+    roundtrip,
+)
 from tests.convert.perturb import perturb
 
 VOCAB = 101
@@ -68,6 +77,18 @@ def test_logits_match_hf_and_roundtrip(version, tmp_path):
     assert (back.lm_head.weight is back.shared.weight) == (version == "1.0")
     again = hf_forward(back, input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
     assert_close(again, ref, "round trip", tol=1e-6)
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_bf16_logits_near_f32_hf(version):
+    """Float32 weights computing in bfloat16 (relative bias, RMS norms, rescaled or untied head)
+    stay within rounding of HF's float32 logits."""
+    hf = _hf(version)
+    ids, mask, dec = _inputs()
+    ref = hf_forward(hf, input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+    logits = lambda m: at_bf16(convert.from_hf(m)).logits(ids, mask, decoder_input_ids=dec)
+    wrong = logits(perturb(copy.deepcopy(hf), seed=1, scale=0.01))
+    assert_bf16_close(logits(hf), ref, f"T5 {version} bf16 logits", wrong=wrong)
 
 
 def test_relative_bias_shared_and_padding_ignored():

@@ -100,6 +100,36 @@ def test_data_fsdp_tensor_mesh_gradients_equal_one_device(family):
     assert not bad, bad
 
 
+# bfloat16 rounds every activation and cotangent to 8 significant bits (u = 2**-8), and a mesh
+# sums partial products in another order than one device, so the two differ by rounding. The
+# bound is 16u of the largest gradient; measured 5e-3 (BERT, T5 1.1) to 1.4e-2 (GPT-2, BART),
+# while a wrongly partitioned gradient is off by O(1). DeBERTa is left to the float32 test: on one
+# device its first attention-output bias gradient (a near-cancelling sum over tokens) already
+# carries bf16 noise of ~18% of the gradient scale, so a mesh comparison there measures noise.
+BF16_FAMILIES = ["bert_tiny", "gpt2_tiny", "t5_1_1_tiny", "bart_tiny"]
+BF16_REL_TOL = 16 * 2**-8
+
+
+@needs_8
+@pytest.mark.parametrize("family", BF16_FAMILIES)
+def test_bf16_mesh_gradients_equal_one_device_to_rounding(family):
+    config = cli.model_config_from_gin([f"models/{family}.gin"]).replace(
+        max_length=max(LENGTH, 32), dtype="bfloat16"
+    )
+    inputs = _inputs(config)
+    params = Transformer(config).init(jax.random.PRNGKey(0), **inputs)["params"]
+    one = _gradients(config, params, inputs, partitioning.make_mesh(devices=jax.devices()[:1]))
+    sharded = _gradients(config, params, inputs, partitioning.make_mesh(data=2, fsdp=2, tensor=2))
+    # Parameters, and so their gradients, stay float32 whatever the compute dtype.
+    assert {g.dtype for g in jax.tree.leaves(one)} == {np.dtype(np.float32)}
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(one))
+    assert scale > 0
+    pairs = zip(jax.tree.leaves(sharded), jax.tree.leaves(one), strict=True)
+    worst = max(float(np.abs(a - b).max()) for a, b in pairs)
+    assert worst > 0, "bf16 gradients on a mesh equal one device's bitwise: is bf16 in effect?"
+    assert worst <= BF16_REL_TOL * scale, (family, worst / scale)
+
+
 @needs_8
 @pytest.mark.xfail(
     strict=True,
