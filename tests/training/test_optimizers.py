@@ -166,3 +166,47 @@ def test_make_optimizer_clips_global_norm(name):
 def test_unknown_optimizer_names_choices():
     with pytest.raises(ValueError, match="adamw.*got 'adamx'"):
         optimizers.make_optimizer(name="adamx", learning_rate=1e-3)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "adafactor"])
+def test_optimizer_state_is_sharded_like_the_parameters_under_fsdp(name):
+    """Under a fully sharded mesh every optimizer-state array shaped like its parameter (Adam's
+    and LAMB's mu and nu) is split as the parameter is, not replicated on every device; what
+    stays replicated is small (counts, Adafactor's factored rows and columns)."""
+    from jax.sharding import PartitionSpec
+
+    from lmsuite import partitioning
+    from lmsuite.models import Transformer
+    from lmsuite.training import train_state
+    from tests.training import tiny
+
+    config = tiny.CONFIG.replace(d_model=128, num_heads=4, d_ff=256)
+    model = Transformer(config)
+    ids = jnp.zeros((1, 16), jnp.int32)
+    mesh = partitioning.make_mesh(data=1, fsdp=8, tensor=1, devices=jax.devices()[:8])
+    tx = optimizers.make_optimizer(name=name, learning_rate=1e-3)
+    state, shardings, _ = train_state.sharded_abstract_state(
+        init_params=lambda rng: model.init({"params": rng}, ids)["params"],
+        tx=tx,
+        mesh=mesh,
+        rng=jax.random.PRNGKey(0),
+    )
+    param_specs = {
+        (p.shape, str(s.spec))
+        for p, s in zip(*map(jax.tree.leaves, (state.params, shardings.params)), strict=True)
+    }
+    sharded = replicated_bytes = 0
+    for leaf, sharding in zip(
+        *map(jax.tree.leaves, (state.opt_state, shardings.opt_state)), strict=True
+    ):
+        if sharding.spec != PartitionSpec():
+            sharded += 1
+            assert (leaf.shape, str(sharding.spec)) in param_specs
+        else:
+            replicated_bytes += leaf.size * leaf.dtype.itemsize
+    param_bytes = sum(p.size * p.dtype.itemsize for p in jax.tree.leaves(state.params))
+    if name in ("adamw", "lamb"):
+        assert sharded >= 2 * sum(
+            s.spec != PartitionSpec() for s in jax.tree.leaves(shardings.params)
+        )
+    assert replicated_bytes < 0.5 * param_bytes
