@@ -4,6 +4,8 @@ import importlib.util
 import math
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accelerator_step.py"
 
 
@@ -14,6 +16,7 @@ def _load():
     return module
 
 
+@pytest.mark.slow  # compiles four steps
 def test_dry_run_measures_both_variants(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
     rows = _load().main(

@@ -279,3 +279,23 @@ def test_a_full_disk_is_one_line_and_keeps_the_newest_committed_step(small_disk)
     )
     assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["10"]
     assert checkpointing.verify(model_dir / "checkpoints" / "10")
+
+
+@pytest.mark.slow  # two runs
+def test_a_run_with_rbg_dropout_bits_resumes_bitwise(reference, tmp_path):
+    """train.prng_impl='rbg' (the paper-sized experiments' dropout bits): a killed run resumes
+    with the uninterrupted run's losses, and the bits differ from threefry's."""
+    rbg = ("--gin.train.prng_impl='rbg'",)
+    whole = tmp_path / "whole"
+    result = smoke.run(whole, *rbg)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = smoke.losses(whole)
+    assert expected != reference[1]  # other dropout masks
+    model_dir = tmp_path / "killed"
+    process = smoke.start(model_dir, *rbg)
+    smoke.wait_for_step(process, model_dir, 14)
+    process.kill()
+    process.wait(timeout=60)
+    result = smoke.run(model_dir, *rbg)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert smoke.losses(model_dir) == expected

@@ -111,7 +111,10 @@ def test_scanned_init_has_the_scanned_tree_with_a_layers_axis(name):
     assert tuple(kernel["layers"]["mlp"]["wo"]["kernel"]) == ("layers", "mlp", "embed")
 
 
-@pytest.mark.parametrize("name, scan", [("bert", False), ("bert", True), ("t5", True)])
+@pytest.mark.parametrize(
+    "name, scan",
+    [("bert", False), ("bert", True), pytest.param("t5", True, marks=pytest.mark.slow)],
+)
 @pytest.mark.parametrize("remat", ["dots", "full"])
 def test_remat_gives_the_same_loss_and_gradients_with_dropout(name, scan, remat):
     config = _config(name, scan_layers=scan)
