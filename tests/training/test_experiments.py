@@ -3,7 +3,9 @@ production ones stop only at their TFDS data, which is not prepared here; the se
 learn (slow: a few minutes each), beating the unigram and majority baselines on held-out targets."""
 
 import json
+import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,9 @@ PRODUCTION = {
     "ul2_base": "c4/en:3.1.0",
     "ernie2_base": "wikipedia/20230601.en:1.0.0",
 }
+# Extra flags for every twin run, e.g. LMSUITE_TWIN_FLAGS="--gin.ModelConfig.dtype='bfloat16'"
+# checks that the twins learn in bf16 against the same baselines (issue 26).
+TWIN_FLAGS = shlex.split(os.environ.get("LMSUITE_TWIN_FLAGS", ""))
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny", "ul2_tiny"]
 TINY_OTHERS = ["xlnet_tiny", "txl_tiny"]
 # Encoder twins: held-out MLM cross-entropy below the unigram, per-row labels above the majority.
@@ -174,7 +179,7 @@ def test_tiny_seq2seq_experiment_learns(name, tmp_path, capsys):
     held-out targets, and held-out accuracy above always predicting the most frequent target."""
     code = cli.main(
         ["pretrain", f"--gin_file=experiments/{name}.gin", f"--model_dir={tmp_path}"]
-        + ["--gin.train.progress_bar=False"]
+        + ["--gin.train.progress_bar=False", *TWIN_FLAGS]
     )
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
@@ -251,7 +256,7 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
 
     code = cli.main(
         ["pretrain", f"--gin_file=experiments/{name}.gin", f"--model_dir={tmp_path}"]
-        + ["--gin.train.progress_bar=False"]
+        + ["--gin.train.progress_bar=False", *TWIN_FLAGS]
     )
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
@@ -322,7 +327,7 @@ def test_xlnet_tiny_learns_with_and_without_memory(tmp_path, capsys):
             "--gin.train.progress_bar=False",
         ]
         argv += [f"--model_dir={tmp_path / str(memory)}"]
-        argv += [f"--gin.make_recipe.loss_options={{'memory': {memory}}}"]
+        argv += [f"--gin.make_recipe.loss_options={{'memory': {memory}}}", *TWIN_FLAGS]
         code = cli.main(argv)
         out = capsys.readouterr().out
         assert code == 0, out[-3000:]
