@@ -41,8 +41,8 @@ PRODUCTION = {
     "ul2_base": "c4/en:3.1.0",
     "ernie2_base": "wikipedia/20230601.en:1.0.0",
 }
-# Extra flags for every twin run, e.g. LMSUITE_TWIN_FLAGS="--gin.ModelConfig.dtype='bfloat16'"
-# checks that the twins learn in bf16 against the same baselines (issue 26).
+# Extra flags for every twin run, split as a shell would: LMSUITE_TWIN_FLAGS="--gin.ModelConfig.
+# dtype=\"'bfloat16'\"" checks that the twins learn in bf16 against the same baselines.
 TWIN_FLAGS = shlex.split(os.environ.get("LMSUITE_TWIN_FLAGS", ""))
 TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny", "ul2_tiny"]
 TINY_OTHERS = ["xlnet_tiny", "txl_tiny"]
