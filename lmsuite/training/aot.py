@@ -282,13 +282,18 @@ def compile_train_step(
     # same step on one CPU device (lowered, not compiled).
     # (Without the microbatch loop, whose body XLA would count once: the same FLOPs.)
     single = partitioning.make_mesh(devices=jax.devices("cpu")[:1])
-    step_flops = report.lowered_flops(build(mesh=single, num_microbatches=1)[0])
+    as_lowered = functools.partial(
+        _lowered_on, build, objective=objective, example=example, mesh=single
+    )
+    on_one_device = build(mesh=single, num_microbatches=1)[0]
     loop_scale = {"flops": 1.0, "bytes accessed": 1.0}
     if model_config.scan_layers:
-        _, loop_scale = _unrolled_counts(build, model_config, objective, example, single)
+        unrolled = as_lowered(model_config.replace(scan_layers=False))
+        loop_scale = _loop_scale(on_one_device, unrolled)
     if model_config.scan_layers or model_config.remat != "none":
         # MFU counts the model's FLOPs: every layer once, no recomputation.
-        step_flops = _model_flops(build, model_config, objective, example, single)
+        on_one_device = as_lowered(model_config.replace(scan_layers=False, remat="none"))
+    step_flops = report.lowered_flops(on_one_device)
     tokens = objective.num_tokens(
         {k: jax.numpy.ones(v.shape, v.dtype) for k, v in batch.items()}
     )  # fmt: skip
@@ -355,44 +360,32 @@ def compile_train_step(
     )
 
 
-def _model_flops(build, model_config, objective, example, single_mesh) -> float | None:
-    """The step's FLOPs with its layers unrolled and nothing recomputed (remat "none"), lowered
-    on one CPU device: the model FLOPs MFU is reported against."""
-    plain = Transformer(model_config.replace(scan_layers=False, remat="none"))
+def _lowered_on(build, config: ModelConfig, *, objective, example, mesh):
+    """`lmsuite train`'s step for a model of `config`, lowered (not compiled) on `mesh`."""
+    model = Transformer(config)
 
-    def init_plain(rng):
-        return plain.init({"params": rng}, **objective.model_inputs(example))["params"]
+    def init_params(rng):
+        return model.init({"params": rng}, **objective.model_inputs(example))["params"]
 
-    lowered = build(mesh=single_mesh, num_microbatches=1, model=plain, init_params=init_plain)[0]
-    return report.lowered_flops(lowered)
+    return build(mesh=mesh, num_microbatches=1, model=model, init_params=init_params)[0]
 
 
-def _unrolled_counts(build, model_config, objective, example, single_mesh):
-    """(step FLOPs, {count: unrolled / scanned}) of a step whose layers run under a scan
-    (ModelConfig.scan_layers), whose body XLA counts once, as it does the microbatch loop's.
-
-    The same step with its layers unrolled and the scanned one, both lowered (not compiled) on
-    one CPU device, give the unscanned step's FLOPs and, per count, the factor that scales the
-    compiled step's per-device FLOPs and bytes to all the layers (an estimate: the partitioned
-    program's loop is assumed to hold the same share of the work as the unpartitioned one's).
-    """
-    unrolled = Transformer(model_config.replace(scan_layers=False))
-
-    def init_unrolled(rng):
-        return unrolled.init({"params": rng}, **objective.model_inputs(example))["params"]
-
+def _loop_scale(scanned, unrolled) -> dict[str, float]:
+    """Per count (FLOPs, bytes), unrolled / scanned: XLA counts the scan over layers
+    (ModelConfig.scan_layers) once, as it does the microbatch loop. The factor scales the
+    compiled step's per-device counts to all the layers (an estimate: the partitioned program's
+    loop is assumed to hold the same share of the work as the unpartitioned one's)."""
     counts = []
-    for kwargs in ({}, dict(model=unrolled, init_params=init_unrolled)):
-        cost = build(mesh=single_mesh, num_microbatches=1, **kwargs)[0].cost_analysis()
-        cost = (cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {})
-        counts.append(cost)
-    scanned, unscanned = counts
-    scale = {}
-    for key in ("flops", "bytes accessed"):
-        ok = scanned.get(key, 0) > 0 and unscanned.get(key, 0) > 0
-        scale[key] = unscanned[key] / scanned[key] if ok else 1.0
-    step_flops = unscanned.get("flops")
-    return (float(step_flops) if step_flops else None), scale
+    for lowered in (scanned, unrolled):
+        cost = lowered.cost_analysis()
+        counts.append((cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {}))
+    scanned, unrolled = counts
+    return {
+        key: unrolled[key] / scanned[key]
+        if scanned.get(key, 0) > 0 and unrolled.get(key, 0) > 0
+        else 1.0
+        for key in ("flops", "bytes accessed")
+    }
 
 
 def _lower_step(

@@ -213,3 +213,58 @@ def parse(text: str) -> Module:
     if not any(c.is_entry for c in computations.values()):
         raise ValueError("no ENTRY computation in the HLO text; expected compiled.as_text()")
     return Module(computations)
+
+
+def trip_count(module: Module, computation: Computation, inst: Instruction) -> int:
+    """The loop's trips: XLA's `known_trip_count` when it recorded one, else read from the loop
+    (a counter from a constant, compared LT/GT with a constant, stepped by a constant).
+
+    Raises:
+      ValueError: a loop whose trip count neither XLA nor this reading knows.
+    """
+    found = re.search(r'"known_trip_count":\{"n":"(\d+)"', inst.attributes)
+    if found is not None:
+        return int(found[1])
+    condition = module.computations[inst.attribute("condition").lstrip("%")]
+    body = module.computations[inst.attribute("body").lstrip("%")]
+    compare = condition.root
+    direction = compare.attribute("direction")
+    counter = condition.by_name.get(compare.operands[0]) if compare.operands else None
+    if (
+        compare.opcode == "compare"
+        and counter is not None
+        and counter.opcode == "get-tuple-element"
+    ):
+        index = int(counter.attribute("index"))
+        limit = _constant(condition, compare.operands[1])
+        init = _constant(computation, _tuple_element(computation, inst.operands[0], index))
+        update = body.by_name.get(_tuple_element(body, body.root.name, index))
+        step = None
+        if update is not None and update.opcode == "add":
+            step = next((_constant(body, o) for o in update.operands if _constant(body, o)), None)
+        if None not in (limit, init, step) and step > 0 and direction in ("LT", "LE"):
+            return max(0, -(-(limit - init + (direction == "LE")) // step))
+    raise ValueError(
+        f"while loop {inst.name}: its trip count is neither recorded by XLA nor readable from "
+        "the loop (a counter compared with a constant); the per-op projection needs it"
+    )
+
+
+def _tuple_element(computation: Computation, name: str, index: int) -> str | None:
+    tuple_ = computation.by_name.get(name)
+    if tuple_ is None or tuple_.opcode != "tuple" or index >= len(tuple_.operands):
+        return None
+    return tuple_.operands[index]
+
+
+def _constant(computation: Computation, name: str | None) -> int | None:
+    """The integer a scalar constant holds, through copies, converts and bitcasts."""
+    inst = computation.by_name.get(name) if name else None
+    while inst is not None and inst.opcode in ("copy", "convert", "bitcast") and inst.operands:
+        inst = computation.by_name.get(inst.operands[0])
+    if inst is None or inst.opcode != "constant":
+        return None
+    try:
+        return int(inst.operand_text)
+    except ValueError:
+        return None

@@ -41,7 +41,7 @@ import re
 import numpy as np
 
 from lmsuite.training import accelerators
-from lmsuite.training.hlo_text import Computation, Instruction, Module, parse
+from lmsuite.training.hlo_text import Computation, Instruction, Module, parse, trip_count
 
 CLASSES = ("matmul", "attention", "rng", "optimizer", "collective", "copy", "other")
 
@@ -170,9 +170,6 @@ class Roofline:
             row["ici_bytes"] += op.ici_bytes * op.trips
         return {c: dict(v) for c, v in out.items()}
 
-    def slowest(self, n: int = 10) -> list[OpCost]:
-        return sorted(self.ops, key=lambda op: -op.seconds)[:n]
-
 
 def project(hlo_text: str, rates: Rates) -> Roofline:
     """The per-op roofline of a compiled module's text (`compiled.as_text()`)."""
@@ -187,7 +184,7 @@ def _walk(module: Module, computation: Computation, trips: int, rates: Rates, op
         if inst.opcode in _FREE:
             continue
         if inst.opcode == "while":
-            count = _trip_count(module, computation, inst)
+            count = trip_count(module, computation, inst)
             body = inst.attribute("body")
             _walk(module, module.computations[body.lstrip("%")], trips * count, rates, ops)
             continue
@@ -196,61 +193,6 @@ def _walk(module: Module, computation: Computation, trips: int, rates: Rates, op
                 _walk(module, module.computations[name], trips, rates, ops)
             continue
         ops.append(_cost(module, computation, inst, trips, rates))
-
-
-def _trip_count(module: Module, computation: Computation, inst: Instruction) -> int:
-    """The loop's trips: XLA's `known_trip_count` when it recorded one, else read from the loop
-    (a counter from a constant, compared LT/GT with a constant, stepped by a constant).
-
-    Raises:
-      ValueError: a loop whose trip count neither XLA nor this reading knows.
-    """
-    found = re.search(r'"known_trip_count":\{"n":"(\d+)"', inst.attributes)
-    if found is not None:
-        return int(found[1])
-    condition = module.computations[inst.attribute("condition").lstrip("%")]
-    body = module.computations[inst.attribute("body").lstrip("%")]
-    compare = condition.root
-    direction = compare.attribute("direction")
-    counter = condition.by_name.get(compare.operands[0]) if compare.operands else None
-    if (
-        compare.opcode == "compare"
-        and counter is not None
-        and counter.opcode == "get-tuple-element"
-    ):
-        index = int(counter.attribute("index"))
-        limit = _constant(condition, compare.operands[1])
-        init = _constant(computation, _tuple_element(computation, inst.operands[0], index))
-        update = body.by_name.get(_tuple_element(body, body.root.name, index))
-        step = None
-        if update is not None and update.opcode == "add":
-            step = next((_constant(body, o) for o in update.operands if _constant(body, o)), None)
-        if None not in (limit, init, step) and step > 0 and direction in ("LT", "LE"):
-            return max(0, -(-(limit - init + (direction == "LE")) // step))
-    raise ValueError(
-        f"while loop {inst.name}: its trip count is neither recorded by XLA nor readable from "
-        "the loop (a counter compared with a constant); the per-op projection needs it"
-    )
-
-
-def _tuple_element(computation: Computation, name: str, index: int) -> str | None:
-    tuple_ = computation.by_name.get(name)
-    if tuple_ is None or tuple_.opcode != "tuple" or index >= len(tuple_.operands):
-        return None
-    return tuple_.operands[index]
-
-
-def _constant(computation: Computation, name: str | None) -> int | None:
-    """The integer a scalar constant holds, through copies, converts and bitcasts."""
-    inst = computation.by_name.get(name) if name else None
-    while inst is not None and inst.opcode in ("copy", "convert", "bitcast") and inst.operands:
-        inst = computation.by_name.get(inst.operands[0])
-    if inst is None or inst.opcode != "constant":
-        return None
-    try:
-        return int(inst.operand_text)
-    except ValueError:
-        return None
 
 
 def _cost(module, computation, inst: Instruction, trips: int, rates: Rates) -> OpCost:

@@ -113,11 +113,16 @@ ENTRY %main (a: f32[8,16], b: f32[64,16], i: s32[]) -> f32[64,16] {
 
 
 def test_rates_follow_the_published_peaks():
-    rates = roofline.rates_for(V4)
-    # 275 TFLOP/s over 2 TensorCores x 4 MXUs x 128 x 128 x 2 FLOPs: a 1.05 GHz clock
-    clock = 275e12 / (2 * 4 * 128 * 128 * 2)
-    assert rates.vpu_ops == pytest.approx(2 * 8 * 128 * 2 * clock)
-    assert rates.mxu_flops == V4.peak_flops and rates.hbm_bandwidth == V4.hbm_bandwidth
+    """The figures docs/tpu.md cites: v4's VPU at 2 TensorCores x 8 x 128 lanes x 2 ALUs at
+    1.05 GHz (the clock of 275 TFLOP/s over 4 MXUs of 128 x 128 x 2 FLOPs per core), v5p's with
+    4 ALUs at 1.75 GHz, a v3 core's at 0.94 GHz; ICI a ring over one link both ways."""
+    v4 = roofline.rates_for(V4)
+    assert v4.vpu_ops == pytest.approx(4.30e12, rel=0.01)
+    assert v4.mxu_flops == 275e12 and v4.hbm_bandwidth == 1.2e12 and v4.ici_bandwidth == 9e10
+    v5p = roofline.rates_for(accelerators.get("v5p-8").generation)
+    assert v5p.vpu_ops == pytest.approx(1.43e13, rel=0.01)
+    v3 = roofline.rates_for(accelerators.get("v3-8").generation)
+    assert v3.vpu_ops == pytest.approx(1.92e12, rel=0.01)
 
 
 def test_splash_kernels_are_attention_with_their_matmuls_counted():
