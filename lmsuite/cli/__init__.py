@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lmsuite.cli import eval as eval_command
 
     eval_command.add_parser(commands)
+    from lmsuite.cli import study as study_command
+
+    study_command.add_parser(commands)
     verbose_help = "also print TensorFlow's, absl's and XLA's start-up logs (lmsuite/cli/quiet.py)"
     parser.add_argument("--verbose", action="store_true", help=verbose_help)
     for command in commands.choices.values():  # `lmsuite train ... --verbose` too

@@ -265,7 +265,7 @@ def compile_train_step(
 
     started = time.perf_counter()
     build = functools.partial(
-        _lower_step,
+        lower_step,
         model=model,
         init_params=init_params,
         recipe=recipe,
@@ -388,7 +388,7 @@ def _loop_scale(scanned, unrolled) -> dict[str, float]:
     }
 
 
-def _lower_step(
+def lower_step(
     *,
     mesh,
     model,

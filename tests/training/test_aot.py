@@ -174,7 +174,7 @@ def test_compile_cli_table_and_serialized_executable(capsys, tmp_path):
 )
 def test_bad_input_is_refused_before_compiling(argv, expected, capsys, monkeypatch):
     compiled = []
-    monkeypatch.setattr(aot, "_lower_step", lambda **kw: compiled.append(kw))
+    monkeypatch.setattr(aot, "lower_step", lambda **kw: compiled.append(kw))
     code = cli.main(["compile", "--gin_file=experiments/smoke.gin", *argv])
     err = capsys.readouterr().err
     assert code == cli.CONFIG_ERROR_EXIT_CODE, err[-2000:]

@@ -44,7 +44,15 @@ PRODUCTION = {
 # Extra flags for every twin run, split as a shell would: LMSUITE_TWIN_FLAGS="--gin.ModelConfig.
 # dtype=\"'bfloat16'\"" checks that the twins learn in bf16 against the same baselines.
 TWIN_FLAGS = shlex.split(os.environ.get("LMSUITE_TWIN_FLAGS", ""))
-TINY_SEQ2SEQ = ["t5_tiny", "t5_1_1_tiny", "bart_tiny", "mass_tiny", "ul2_tiny"]
+TINY_SEQ2SEQ = [
+    "t5_tiny",
+    "t5_1_1_tiny",
+    "t5_iid_tiny",
+    "t5_prefix_lm_tiny",
+    "bart_tiny",
+    "mass_tiny",
+    "ul2_tiny",
+]
 TINY_OTHERS = ["xlnet_tiny", "txl_tiny"]
 # Encoder twins: held-out MLM cross-entropy below the unigram, per-row labels above the majority.
 TINY_ENCODERS = [

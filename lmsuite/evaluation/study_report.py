@@ -1,0 +1,272 @@
+"""The report of an `lmsuite study`: a table (mean +- sd over seeds per experiment and budget),
+the literature's headline comparisons judged with ties stated, and probe accuracy against
+training FLOPs as a plot.
+
+Ties: two objectives differ only when their seeds' ranges of mean +- sd do not overlap
+(|mean_a - mean_b| > sd_a + sd_b); otherwise the difference is within the seeds' spread and
+reported as a tie. With one seed there is no spread and nothing is called a difference.
+
+  write_report("studies/small", results, protocol={...})  # report.md, results.csv, *.png
+"""
+
+import csv
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+REPORT_FILE = "report.md"
+CSV_FILE = "results.csv"
+PLOT_FILE = "accuracy_vs_flops.png"
+
+# The papers' headline directions: (claim, the experiments that should be at least as good,
+# the experiments they are compared with); the first experiment of each list that the study
+# ran is used. Both sides must be in the study for a claim to be judged.
+CLAIMS = (
+    ("ELECTRA: replaced-token detection >= masked LM at equal compute", ("electra_tiny",),
+     ("roberta_tiny", "bert_tiny")),
+    ("T5: span corruption >= i.i.d. denoising", ("t5_1_1_tiny",), ("t5_iid_tiny",)),
+    ("T5: i.i.d. denoising >= prefix LM", ("t5_iid_tiny",), ("t5_prefix_lm_tiny",)),
+    ("SpanBERT: span masking (+ boundary objective) >= token masking", ("spanbert_tiny",),
+     ("roberta_tiny", "bert_tiny")),
+)  # fmt: skip
+
+
+def summarize(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, sample sd (0 for one value), n)."""
+    array = np.asarray(values, float)
+    sd = float(array.std(ddof=1)) if len(array) > 1 else 0.0
+    return float(array.mean()), sd, len(array)
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> str:
+    """ ">" when a's mean is above b's beyond the seeds' spread, "<" below it, "tie" within it
+    (and "tie" with fewer than two seeds on either side: no spread to judge by).
+
+    Example: a = [0.60, 0.62, 0.61], b = [0.55, 0.56, 0.54] -> ">" (0.61 - 0.55 > 0.01 + 0.01).
+    """
+    (mean_a, sd_a, n_a), (mean_b, sd_b, n_b) = summarize(a), summarize(b)
+    if min(n_a, n_b) < 2 or abs(mean_a - mean_b) <= sd_a + sd_b:
+        return "tie"
+    return ">" if mean_a > mean_b else "<"
+
+
+def group(results: Sequence[dict]) -> dict[tuple[str, float | None], list[dict]]:
+    """{(experiment, budget): its runs}, budgets in the order given (None: from scratch)."""
+    out: dict[tuple[str, float | None], list[dict]] = {}
+    for record in results:
+        out.setdefault((record["experiment"], record["budget"]), []).append(record)
+    return out
+
+
+def _accuracies(runs: list[dict], probe: str) -> list[float]:
+    return [r["probes"][probe]["test_accuracy"] for r in runs if probe in r.get("probes", {})]
+
+
+def _cell(values: Sequence[float], digits: int = 3) -> str:
+    if not values:
+        return ""
+    mean, sd, n = summarize(values)
+    return f"{mean:.{digits}f}" + (f" +- {sd:.{digits}f}" if n > 1 else "")
+
+
+def _budget_text(budget: float | None, match: str) -> str:
+    return "none (scratch)" if budget is None else f"{budget:.3g} {match}"
+
+
+def table(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
+    """The Markdown table: one row per (experiment, budget)."""
+    head = ["experiment", "objective", "budget", "seeds", "params", "steps", "FLOPs spent",
+            "held-out pretraining", *[f"{p} (test acc.)" for p in probes], "wall (s)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (experiment, budget), runs in sorted(
+        group(results).items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1])
+    ):
+        spent = [r["flops"] for r in runs]
+        if budget is None:
+            flops_text = "0"
+        else:
+            worst = max(abs(f - budget) / budget for f in spent) if match == "flops" else None
+            flops_text = f"{np.mean(spent):.3g}" + (
+                f" (max off {100 * worst:.1f}%)" if worst is not None else ""
+            )
+        metric = runs[0].get("held_out_metric")
+        held = [r["held_out"][metric] for r in runs if metric and metric in r.get("held_out", {})]
+        held_text = f"{metric.removeprefix('eval/')} {_cell(held)}" if held else ""
+        seconds = [r.get("pretrain_seconds", 0.0) + sum(
+            p.get("seconds", 0.0) for p in r["probes"].values()) for r in runs]  # fmt: skip
+        row = [experiment, runs[0]["recipe"], _budget_text(budget, match), str(len(runs)),
+               f"{runs[0]['params']:,}", str(runs[0]["steps"]), flops_text, held_text,
+               *[_cell(_accuracies(runs, p)) for p in probes],
+               f"{np.mean(seconds):.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def claims(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
+    """Each headline claim at each budget and probe: reproduced, tie, or not reproduced."""
+    grouped = group(results)
+    experiments = {e for e, _ in grouped}
+    budgets = sorted({b for _, b in grouped if b is not None})
+    lines = []
+    for claim, winners, losers in CLAIMS:
+        a = next((e for e in winners if e in experiments), None)
+        b = next((e for e in losers if e in experiments), None)
+        if a is None or b is None:
+            missing = " or ".join(winners if a is None else losers)
+            lines.append(f"- {claim}: not judged (the study has no {missing})")
+            continue
+        for budget in budgets:
+            for probe in probes:
+                va = _accuracies(grouped.get((a, budget), []), probe)
+                vb = _accuracies(grouped.get((b, budget), []), probe)
+                if not va or not vb:
+                    continue
+                verdict = {">": "reproduced", "<": "not reproduced", "tie": "tie"}[compare(va, vb)]
+                lines.append(
+                    f"- {claim}, {_budget_text(budget, match)}, {probe}: **{verdict}** "
+                    f"({a} {_cell(va)} vs {b} {_cell(vb)})"
+                )
+    return lines
+
+
+def rankings(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
+    """Per budget and probe: the leader and every objective tied with it."""
+    grouped = group(results)
+    lines = []
+    for budget in sorted({b for _, b in grouped if b is not None}):
+        for probe in probes:
+            scores = {
+                e: _accuracies(runs, probe) for (e, b), runs in grouped.items() if b == budget
+            }
+            scores = {e: v for e, v in scores.items() if v}
+            if not scores:
+                continue
+            leader = max(scores, key=lambda e: np.mean(scores[e]))
+            tied = [
+                e for e in scores if e != leader and compare(scores[leader], scores[e]) == "tie"
+            ]
+            lines.append(
+                f"- {_budget_text(budget, match)}, {probe}: best {leader} ({_cell(scores[leader])})"
+                + (f"; tied with it: {', '.join(sorted(tied))}" if tied else "; no tie")
+            )
+    return lines
+
+
+def write_csv(path: str, results: Sequence[dict], probes: Sequence[str]) -> None:
+    """One row per run: what it spent and each probe's selected rate and accuracies."""
+    fields = ["experiment", "recipe", "budget", "match", "seed", "params", "steps",
+              "flops", "tokens", "held_out_metric", "held_out", "pretrain_seconds"]  # fmt: skip
+    for probe in probes:
+        fields += [f"{probe}/learning_rate", f"{probe}/dev_accuracy", f"{probe}/test_accuracy"]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for r in results:
+            metric = r.get("held_out_metric")
+            row = {k: r.get(k, "") for k in fields}
+            row["held_out"] = r.get("held_out", {}).get(metric, "") if metric else ""
+            for probe in probes:
+                p = r["probes"].get(probe, {})
+                row[f"{probe}/learning_rate"] = p.get("selected_learning_rate", "")
+                row[f"{probe}/dev_accuracy"] = p.get("dev_accuracy", "")
+                row[f"{probe}/test_accuracy"] = p.get("test_accuracy", "")
+            writer.writerow(row)
+    os.replace(tmp, path)
+
+
+def plot(path: str, results: Sequence[dict], probes: Sequence[str]) -> None:
+    """Probe test accuracy (mean +- sd over seeds) against training FLOPs, a line per
+    experiment and a panel per probe; each experiment's from-scratch accuracy is its line's
+    hollow marker at the left edge, the majority class a dotted line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grouped = group(results)
+    experiments = sorted({e for e, _ in grouped})
+    trained = [b for _, b in grouped if b is not None]
+    fig, axes = plt.subplots(1, len(probes), figsize=(6.5 * len(probes), 4.8), squeeze=False)
+    colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(experiments), 2)))
+    left = min((r["flops"] for r in results if r["flops"] > 0), default=1.0) / 2
+    for ax, probe in zip(axes[0], probes, strict=True):
+        for color, experiment in zip(colors, experiments, strict=False):
+            points = []
+            for (e, budget), runs in grouped.items():
+                values = _accuracies(runs, probe)
+                if e != experiment or budget is None or not values:
+                    continue
+                mean, sd, _ = summarize(values)
+                points.append((float(np.mean([r["flops"] for r in runs])), mean, sd))
+            points.sort()
+            if points:
+                x, y, err = zip(*points, strict=True)
+                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=color, label=experiment)
+            scratch = _accuracies(grouped.get((experiment, None), []), probe)
+            if scratch:
+                ax.plot([left], [np.mean(scratch)], marker="o", mfc="none", color=color)
+        majority = [r["probes"][probe]["test_majority_class_share"] for r in results
+                    if probe in r["probes"]]  # fmt: skip
+        if majority:
+            ax.axhline(majority[0], linestyle=":", color="grey", label="majority class")
+        if trained:
+            ax.set_xscale("log")
+        ax.set_xlabel("training FLOPs (XLA's count of the step x steps; hollow: no pretraining)")
+        ax.set_ylabel(f"{probe} test accuracy")
+        ax.set_title(probe)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_report(out_dir: str, results: Sequence[dict], *, protocol: dict) -> str:
+    """Writes report.md, results.csv and the plot into `out_dir`; returns report.md's path."""
+    probes = list(protocol["probes"])
+    match = protocol["match"]
+    write_csv(os.path.join(out_dir, CSV_FILE), results, probes)
+    plot(os.path.join(out_dir, PLOT_FILE), results, probes)
+    rates = ", ".join(f"{r:g}" for r in protocol["learning_rates"])
+    lines = [
+        "# lmsuite study",
+        "",
+        f"Budgets matched in **{match}** (XLA's count of each experiment's own train step times "
+        f"its steps). Probes: {', '.join(probes)}, fine-tuned {protocol['probe_epochs']} "
+        f"epochs at batch {protocol['probe_batch_size']}, {protocol['probe_max_length']} "
+        f"tokens, learning rate chosen from {rates} on a dev split of each probe's train split "
+        "(the same rows for every run), accuracy reported on the probe's held-out split."
+        + (
+            f" At most {protocol['probe_max_train']} fine-tuning examples (a toy budget)."
+            if protocol.get("probe_max_train")
+            else ""
+        ),
+        "Bindings for every run: "
+        + (", ".join(f"`{b}`" for b in protocol["bindings"]) or "none (the experiments' own)")
+        + ".",
+        "",
+        "Differences within the seeds' spread (mean +- sd ranges that overlap) are ties.",
+        "",
+        *table(results, probes, match),
+        "",
+        "## The papers' headline directions",
+        "",
+        *(claims(results, probes, match) or ["- none of the compared pairs is in the study"]),
+        "",
+        "## Best objective per budget and probe",
+        "",
+        *rankings(results, probes, match),
+        "",
+        f"![probe accuracy against training FLOPs]({PLOT_FILE})",
+        "",
+    ]
+    path = os.path.join(out_dir, REPORT_FILE)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,86 @@
+"""`study_report`: ties by the seeds' spread, the headline claims' verdicts, the written report."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from lmsuite.evaluation import study_report
+
+PROBES = ("trec_questions", "vader_sentiment")
+PROTOCOL = {"match": "flops", "probes": list(PROBES), "learning_rates": [1e-3, 3e-3],
+            "probe_epochs": 3, "probe_batch_size": 32, "probe_max_length": 64,
+            "probe_max_train": None, "bindings": []}  # fmt: skip
+
+
+def _run(experiment, budget, seed, trec, vader=0.6, steps=100):
+    flops = 0.0 if budget is None else budget * (1 + 0.01 * seed)
+    probes = {
+        name: {"test_accuracy": acc, "dev_accuracy": acc, "selected_learning_rate": 1e-3,
+               "test_majority_class_share": 0.2, "seconds": 2.0}
+        for name, acc in (("trec_questions", trec), ("vader_sentiment", vader))
+    }  # fmt: skip
+    return {"experiment": experiment, "budget": budget, "match": "flops", "seed": seed,
+            "recipe": experiment.removesuffix("_tiny"), "params": 1000, "steps": steps,
+            "flops": flops, "tokens": 10 * steps, "held_out_metric": "eval/mlm_loss",
+            "held_out": {"eval/mlm_loss": 5.0 + seed}, "pretrain_seconds": 10.0,
+            "probes": probes}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ([0.60, 0.62, 0.61], [0.55, 0.56, 0.54], ">"),
+        ([0.55, 0.56, 0.54], [0.60, 0.62, 0.61], "<"),
+        ([0.60, 0.64, 0.62], [0.59, 0.61, 0.57], "tie"),  # 0.62 - 0.59 < 0.02 + 0.02
+        ([0.90], [0.10], "tie"),  # one seed: no spread to judge by
+        ([0.5, 0.5], [0.4, 0.4], ">"),  # no spread at all: any difference counts
+    ],
+)
+def test_compare_calls_a_difference_only_beyond_the_seeds_spread(a, b, expected):
+    assert study_report.compare(a, b) == expected
+
+
+def test_claims_are_reproduced_tied_not_reproduced_or_not_judged():
+    results = []
+    for seed in range(3):
+        results += [
+            _run("electra_tiny", 1e12, seed, trec=0.70 + 0.01 * seed),
+            _run("bert_tiny", 1e12, seed, trec=0.50 + 0.01 * seed),
+            _run("spanbert_tiny", 1e12, seed, trec=0.40 + 0.01 * seed),
+            _run("t5_1_1_tiny", 1e12, seed, trec=0.50 + 0.05 * seed),
+            _run("t5_iid_tiny", 1e12, seed, trec=0.52 + 0.05 * seed),
+        ]
+    lines = "\n".join(study_report.claims(results, ["trec_questions"], "flops"))
+    assert "ELECTRA" in lines and "trec_questions: **reproduced** (electra_tiny 0.710" in lines
+    assert "SpanBERT" in lines and "**not reproduced** (spanbert_tiny 0.410" in lines
+    assert "span corruption >= i.i.d. denoising, 1e+12 flops, trec_questions: **tie**" in lines
+    assert "i.i.d. denoising >= prefix LM: not judged (the study has no t5_prefix_lm_tiny)" in lines
+
+
+def test_the_report_states_means_sds_budgets_and_writes_every_file(tmp_path):
+    results = [
+        _run(e, b, s, trec=0.3 + 0.1 * s + (0.2 if e == "electra_tiny" else 0.0))
+        for e in ("bert_tiny", "electra_tiny")
+        for b in (1e12, 4e12, None)
+        for s in range(3)
+    ]
+    path = study_report.write_report(str(tmp_path), results, protocol=PROTOCOL)
+    text = open(path).read()
+    trec = [0.5, 0.6, 0.7]  # electra_tiny's three seeds
+    mean, sd = np.mean(trec), np.std(trec, ddof=1)
+    row = next(
+        line for line in text.splitlines() if line.startswith("| electra_tiny | electra | 4e+12")
+    )
+    assert f"{mean:.3f} +- {sd:.3f}" in row
+    assert "max off 2.0%" in row  # seed 2 spent 2% over the budget
+    assert "mlm_loss 6.000 +- 1.000" in row
+    assert "| electra_tiny | electra | none (scratch) | 3 |" in text
+    assert (tmp_path / study_report.PLOT_FILE).stat().st_size > 10_000
+    with open(tmp_path / study_report.CSV_FILE) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(results)
+    written = sorted(float(r["trec_questions/test_accuracy"]) for r in rows)
+    assert written == pytest.approx(sorted(r["probes"]["trec_questions"]["test_accuracy"]
+                                           for r in results))  # fmt: skip
+    assert "best electra_tiny" in text

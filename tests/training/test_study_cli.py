@@ -1,0 +1,113 @@
+"""`lmsuite study`: its flags checked at once, the protocol a resumed study must keep, budgets
+turned into steps, and (slow) a killed study that resumes without redoing finished runs."""
+
+import json
+import os
+
+import pytest
+
+import lmsuite
+from lmsuite import cli
+from lmsuite.cli import study
+from lmsuite.evaluation import probe_sweep, study_report
+from lmsuite.training.step_cost import StepCost
+from tests.training.cli_errors import problem_lines
+
+TOY = ["--probes=trec_questions", "--probe_learning_rates=1e-3", "--probe_epochs=1",
+       "--probe_max_train=64", "--probe_max_length=32", "--no_progress"]  # fmt: skip
+
+
+def test_every_bad_flag_is_listed_at_once(tmp_path, capsys):
+    code = cli.main(["study", f"--out={tmp_path}/s", "--experiments=bert_tiny,bert_tniy",
+                     "--flops=1e12,lots", "--tokens=5", "--probes=trec_questions,glue",
+                     "--seeds=0", "--probe_learning_rates=-1"])  # fmt: skip
+    assert code == 2
+    lines = "\n".join(problem_lines(capsys.readouterr().err))
+    for expected in ("exactly one of --flops and --tokens", "unknown experiment 'bert_tniy'",
+                     "--flops: 'lots' is not a number", "unknown probe 'glue'",
+                     "--seeds must be an integer >= 1, got 0",
+                     "--probe_learning_rates: '-1' must be a finite number > 0"):  # fmt: skip
+        assert expected in lines
+    assert not os.path.exists(tmp_path / "s")
+
+
+def test_a_resumed_study_must_keep_its_protocol(tmp_path, capsys):
+    args = cli.parse_args(["study", f"--out={tmp_path}", "--flops=1e12", *TOY])
+    protocol = study.parse_settings(args)[0]
+    study.check_protocol(str(tmp_path), protocol)
+    study.check_protocol(str(tmp_path), protocol)  # the same: accepted
+    args = cli.parse_args(["study", f"--out={tmp_path}", "--flops=1e12", *TOY,
+                           "--probe_epochs=2", "--gin.ModelConfig.d_model=32"])  # fmt: skip
+    with pytest.raises(cli.ConfigError) as error:
+        study.check_protocol(str(tmp_path), study.parse_settings(args)[0])
+    text = str(error.value.problems)
+    assert "probe_epochs: the study in" in text and "has 1, the flags give 2" in text
+    assert "bindings" in text and "ModelConfig.d_model = 32" in text
+
+
+class _Run:
+    """What `plan_steps` reads of a TrainConfig."""
+
+    class checkpointing:  # noqa: N801
+        model_dir = "runs/x"
+
+    class trainer:  # noqa: N801
+        train_steps = 2000
+
+    class optimizer:  # noqa: N801
+        class learning_rate:  # noqa: N801
+            warmup_steps = 100
+
+    class data:  # noqa: N801
+        stages = ()
+
+
+def test_budgets_become_whole_steps_within_five_percent():
+    cost = StepCost(flops=4.0e9, tokens=4096, params=10)
+    plan = study.plan_steps(_Run, cost, budget=1.0e12, match="flops")
+    assert plan == {"steps": 250, "warmup_steps": 12, "flops": 1.0e12, "tokens": 250 * 4096}
+    plan = study.plan_steps(_Run, cost, budget=4096 * 30.4, match="tokens")
+    assert plan["steps"] == 30 and abs(plan["tokens"] - 4096 * 30.4) / (4096 * 30.4) < 0.05
+    with pytest.raises(cli.ConfigError, match=r"1.60 steps .* miss it by 25.0%"):
+        study.plan_steps(_Run, cost, budget=6.4e9, match="flops")
+
+
+@pytest.mark.slow
+def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypatch, capsys):
+    # bert_tiny at batch 8: 20 steps; two seeds, no scratch baselines
+    argv = ["study", f"--out={tmp_path}", "--experiments=bert_tiny", "--seeds=2",
+            f"--flops={20 * 1.17e9:.4g}", "--no_scratch", "--gin.BATCH_SIZE=8",
+            "--gin.train.eval_batches=2", *TOY]  # fmt: skip
+    real_sweep = probe_sweep.sweep
+    sweeps = []
+
+    def killed_in_the_second_run(model, probe, **kwargs):
+        sweeps.append(kwargs["seed"])
+        if kwargs["seed"] == 1:
+            raise KeyboardInterrupt  # the study is killed while seed 1 fine-tunes
+        return real_sweep(model, probe, **kwargs)
+
+    monkeypatch.setattr(probe_sweep, "sweep", killed_in_the_second_run)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(argv)
+    first = tmp_path / "runs" / "bert_tiny" / study.budget_label(20 * 1.17e9) / "seed0"
+    second = first.parent / "seed1"
+    assert (first / "result.json").exists() and not (second / "result.json").exists()
+    finished = (first / "result.json").stat().st_mtime_ns
+    pretrained = (second / "pretrain" / "metrics.jsonl").read_text()
+
+    trained = []
+    real_train = lmsuite.train
+    monkeypatch.setattr(probe_sweep, "sweep", real_sweep)
+    monkeypatch.setattr(lmsuite, "train", lambda run: trained.append(run) or real_train(run))
+    assert cli.main(argv) == 0
+    assert (first / "result.json").stat().st_mtime_ns == finished  # read back, not redone
+    assert len(trained) == 1  # only seed 1's, which finds its last checkpoint and stops there
+    assert (second / "pretrain" / "metrics.jsonl").read_text() == pretrained  # no step rerun
+    results = [json.loads((d / "result.json").read_text()) for d in (first, second)]
+    for record in results:
+        assert record["steps"] == 20
+        assert abs(record["flops"] - 20 * 1.17e9) / (20 * 1.17e9) < 0.05
+        assert 0 <= record["probes"]["trec_questions"]["test_accuracy"] <= 1
+    report = (tmp_path / study_report.REPORT_FILE).read_text()
+    assert "| bert_tiny | bert_mlm_nsp | 2.34e+10 flops | 2 |" in report
