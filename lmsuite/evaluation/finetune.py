@@ -76,7 +76,9 @@ def transplant(fresh: dict, pretrained: dict, *, keep: Callable[[str], bool]) ->
                 raise ValueError(
                     f"pretrained {key} has shape {np.shape(old)}, the model {np.shape(value)}"
                 )
-            value = jnp.asarray(old, jnp.float32)
+            # A copy: `fit` donates the parameters, which must not delete the caller's
+            # (a `LoadedModel` fine-tuned again, e.g. at the next learning rate).
+            value = jnp.array(old, jnp.float32, copy=True)
         out[key] = value
     return traverse_util.unflatten_dict(out, sep="/")
 
