@@ -347,7 +347,7 @@ def finetune_classifier(
             "validation_examples": len(validation),
             **({"test_examples": len(test)} if test is not None else {}),
             "num_labels": num_labels,
-            "family": probe.family,
+            "family": families.family(loaded.config).name,
             "learning_rate": learning_rate,
             "epochs": epochs,
             "batch_size": batch_size,
