@@ -1,10 +1,11 @@
-"""Fine-tuning probes: a pretrained encoder plus a fresh classifier head, trained on labelled
-text, scored on held-out accuracy; `from_scratch=True` trains the same architecture from random
-initialisation, the comparison that says what pretraining bought.
+"""Fine-tuning probes: a pretrained model of any family plus a fresh classifier head, trained
+on labelled text, scored on held-out accuracy; `from_scratch=True` trains the same architecture
+from random initialisation, the comparison that says what pretraining bought. How each family
+is read (which states, pooled how, its text framed how) is `probe_models`' table.
 
-  result = finetune_classifier("runs/default", train=train, validation=validation,
+  result = finetune_classifier("runs/default", train=train, validation=validation, test=test,
                                num_labels=6, epochs=3, batch_size=32, max_length=64, seed=0)
-  result.metrics["validation_accuracy"], result.params
+  result.metrics["validation_accuracy"], result.metrics["test_accuracy"], result.params
 
 The loop is BERT's fine-tuning recipe: AdamW (LayerNorm and biases not decayed, as in
 `training.optimizers`), a learning rate warmed up linearly over `warmup_fraction` of the steps

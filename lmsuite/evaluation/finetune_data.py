@@ -4,6 +4,7 @@ train, validation, labels = probe_examples("trec_questions")
 train, labels = read_glue_tsv("train.tsv")                        # GLUE columns detected
 validation, _ = read_glue_tsv("dev.tsv", label_names=labels)      # ids from the train file
 ids, types = encode_pair(vocab, "a text", None, max_length=64)    # [CLS] a text [SEP]
+ids, types = frame_pair(vocab, "a text", None, max_length=64, framing="xlnet")  # a text [SEP] [CLS]
 """
 
 import csv

@@ -1,5 +1,6 @@
 """`EncoderDecoderModel`: a bidirectional encoder and a causal decoder with cross-attention
-(T5, BART, MASS), trained through `__call__` and decoded step by step through `decode`.
+(T5, BART, MASS), trained through `__call__`, decoded step by step through `decode`, and read
+by the classification probes through `encode` (the encoder alone).
 
 Parameters: `token_embedder` (shared), `encoder_embedder`, `encoder`, `decoder_embedder`,
 `decoder`, and `lm_head` / `classifier`.
