@@ -250,3 +250,44 @@ def test_electra_fine_tunes_its_discriminator():
     start = np.asarray(loaded.params["discriminator"]["encoder"]["layers_0"]["mlp"]["wi"]["kernel"])
     end = np.asarray(result.params["encoder"]["layers_0"]["mlp"]["wi"]["kernel"])
     assert end.shape == start.shape and 0 < np.abs(end - start).max() < 0.1
+
+
+# ------------------------------------------------------------------------------ slow
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "experiment, family",
+    [
+        ("t5_1_1_tiny", "encoder_decoder"),
+        ("xlnet_tiny", "xlnet"),
+        ("txl_tiny", "transformer_xl"),
+        ("electra_tiny", "electra"),
+    ],
+)
+def test_a_two_step_run_of_each_family_loads_and_fine_tunes(experiment, family, tmp_path):
+    """A real run directory (its SentencePiece vocabulary, its checkpoint layout) through
+    `lmsuite.load` and the probe on a slice of trec_questions; two pretraining steps teach
+    nothing, so only the plumbing and the metrics' consistency are asserted."""
+    import lmsuite
+
+    bindings = {"TRAIN_STEPS": 2, "BATCH_SIZE": 2, "CHECKPOINT_EVERY": 2, "WARMUP_STEPS": 1}
+    run = lmsuite.run_from_gin(
+        f"experiments/{experiment}.gin", model_dir=str(tmp_path), bindings=bindings
+    )
+    lmsuite.train(run)
+    train, validation, labels = finetune_data.probe_examples("trec_questions")
+    result = finetune.finetune_classifier(
+        str(tmp_path),
+        train=train[:48],
+        validation=validation[:16],
+        test=validation[16:40],
+        num_labels=len(labels),
+        epochs=1,
+        batch_size=16,
+        max_length=32,
+        learning_rate=1e-3,
+        progress=False,
+    )
+    metrics = result.metrics
+    assert metrics["family"] == family and metrics["test_examples"] == 24
+    assert 0 <= metrics["test_accuracy"] <= 1 and np.isfinite(result.history[0]["train_loss"])
+    assert set(result.params["classifier"]) == {"pooler", "output"}
