@@ -169,10 +169,15 @@ def test_causal_lms_read_the_last_real_token(name):
     short, long = batch_of(probe, examples, 12), batch_of(probe, examples, 20)
     logits = np.asarray(probe.logits(params, short))
     np.testing.assert_allclose(np.asarray(probe.logits(params, long)), logits, atol=1e-5)
-    # The first token reaches the last real one: changing it changes the logits.
-    first = {**short, "input_ids": short["input_ids"].copy()}
-    first["input_ids"][:, 0] = np.where(first["input_ids"][:, 0] == 9, 10, 9)
-    assert np.abs(np.asarray(probe.logits(params, first)) - logits).max() > 1e-4
+    # The read state has seen the whole text: changing its first token or its last word (the
+    # one before </s>) changes every row's logits.
+    last_word = short["attention_mask"].sum(axis=1) - 2
+    for columns in (np.zeros(3, int), last_word):
+        changed = short["input_ids"].copy()
+        rows = np.arange(3)
+        changed[rows, columns] = np.where(changed[rows, columns] == 9, 10, 9)
+        moved = np.abs(np.asarray(probe.logits(params, {**short, "input_ids": changed})) - logits)
+        assert (moved.max(axis=1) > 1e-4).all(), (columns, moved)
 
 
 def test_a_family_no_probe_reads_is_named(monkeypatch):
