@@ -1,13 +1,14 @@
-"""`lmsuite finetune`: fine-tune a pretrained encoder on a classification probe or SQuAD.
+"""`lmsuite finetune`: fine-tune a pretrained model on a classification probe (any family, read
+as `evaluation/probe_models.py` says) or SQuAD (encoders).
 
 lmsuite finetune --model_dir=RUN | --hf_dir=DIR
                  --task=vader_sentiment | trec_questions | glue_tsv | squad
-                 [--train_file=F --validation_file=G] --output_dir=OUT
+                 [--train_file=F --validation_file=G [--test_file=T]] --output_dir=OUT
                  [--epochs --learning_rate --batch_size --max_length --seed --from_scratch]
 
 Writes OUT/metrics.json (final and per-epoch metrics), OUT/params.npz (the fine-tuned
 parameters, "a/b/c" keys) and OUT/model_config.json; the last line printed is the held-out
-accuracy (or EM/F1).
+accuracy (or EM/F1); with --test_file (glue_tsv) the line before it is the test accuracy.
 """
 
 import json
@@ -25,7 +26,7 @@ DEFAULT_LEARNING_RATE = {"squad": 5e-5}  # BERT's SQuAD rate; 2e-5 for the class
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "finetune",
-        help="fine-tune a pretrained encoder on a probe (vader_sentiment, trec_questions), a "
+        help="fine-tune a pretrained model on a probe (vader_sentiment, trec_questions), a "
         "GLUE-format TSV or SQuAD-format JSON; writes metrics.json and the parameters",
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -34,6 +35,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
     parser.add_argument("--train_file", default=None, help="glue_tsv: TSV; squad: JSON")
     parser.add_argument("--validation_file", default=None, help="glue_tsv: TSV; squad: JSON")
+    parser.add_argument(
+        "--test_file", default=None, help="glue_tsv: a TSV scored once with the final parameters"
+    )
     parser.add_argument("--text_column", default=None, help="glue_tsv (default: GLUE's names)")
     parser.add_argument("--pair_column", default=None, help="glue_tsv second text, if any")
     parser.add_argument("--label_column", default=None, help="glue_tsv (default: label)")
@@ -111,6 +115,16 @@ def run_finetune(args):
                 label_column=args.label_column,
             )
             data = dict(train=train, validation=validation, num_labels=len(labels))
+            if args.test_file:
+                if args.task != "glue_tsv":
+                    raise ValueError(f"--test_file is for --task=glue_tsv, not {args.task!r}")
+                data["test"], _ = finetune_data.read_glue_tsv(
+                    args.test_file,
+                    text_column=args.text_column,
+                    pair_column=args.pair_column,
+                    label_column=args.label_column,
+                    label_names=labels,
+                )
         if not (args.task == "squad" and qa.is_hf_qa_dir(source)):
             source = finetune.open_model(source)
     except ValueError as error:
@@ -126,6 +140,11 @@ def run_finetune(args):
     if args.task == "squad":
         print(f"held-out exact match {m['exact_match']:.2f}  F1 {m['f1']:.2f}")
     else:
+        if "test_accuracy" in m:
+            print(
+                f"test accuracy {m['test_accuracy']:.4f} (majority class "
+                f"{m['test_majority_class_share']:.4f}, {m['test_examples']} examples)"
+            )
         print(
             f"held-out accuracy {m['validation_accuracy']:.4f} (majority class "
             f"{m['majority_class_share']:.4f}, {m['validation_examples']} examples)"

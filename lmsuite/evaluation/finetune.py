@@ -1,10 +1,11 @@
-"""Fine-tuning probes: a pretrained encoder plus a fresh classifier head, trained on labelled
-text, scored on held-out accuracy; `from_scratch=True` trains the same architecture from random
-initialisation, the comparison that says what pretraining bought.
+"""Fine-tuning probes: a pretrained model of any family plus a fresh classifier head, trained
+on labelled text, scored on held-out accuracy; `from_scratch=True` trains the same architecture
+from random initialisation, the comparison that says what pretraining bought. How each family
+is read (which states, pooled how, its text framed how) is `probe_models`' table.
 
-  result = finetune_classifier("runs/default", train=train, validation=validation,
+  result = finetune_classifier("runs/default", train=train, validation=validation, test=test,
                                num_labels=6, epochs=3, batch_size=32, max_length=64, seed=0)
-  result.metrics["validation_accuracy"], result.params
+  result.metrics["validation_accuracy"], result.metrics["test_accuracy"], result.params
 
 The loop is BERT's fine-tuning recipe: AdamW (LayerNorm and biases not decayed, as in
 `training.optimizers`), a learning rate warmed up linearly over `warmup_fraction` of the steps
@@ -24,7 +25,7 @@ import numpy as np
 import optax
 from flax import traverse_util
 
-from lmsuite.evaluation import finetune_data
+from lmsuite.evaluation import finetune_data, probe_models
 from lmsuite.models import ModelConfig, Transformer, families
 from lmsuite.training import optimizers
 
@@ -76,7 +77,9 @@ def transplant(fresh: dict, pretrained: dict, *, keep: Callable[[str], bool]) ->
                 raise ValueError(
                     f"pretrained {key} has shape {np.shape(old)}, the model {np.shape(value)}"
                 )
-            value = jnp.asarray(old, jnp.float32)
+            # A copy: `fit` donates the parameters, which must not delete the caller's
+            # (a `LoadedModel` fine-tuned again, e.g. at the next learning rate).
+            value = jnp.array(old, jnp.float32, copy=True)
         out[key] = value
     return traverse_util.unflatten_dict(out, sep="/")
 
@@ -201,29 +204,20 @@ def fit(
 
 # ------------------------------------------------------------------------ classification
 def classifier_model(config: ModelConfig, *, num_labels: int, dropout_rate=None):
-    """The encoder's config with only the pooled `classifier` head, `num_labels` wide."""
-    if not families.family(config).bidirectional:
+    """The encoder's config with only the pooled `classifier` head, `num_labels` wide (ELECTRA:
+    its discriminator's). Other families: `probe_models.probe_for(config, ...).config`."""
+    probe = probe_models.probe_for(config, num_labels=num_labels, dropout_rate=dropout_rate)
+    if not probe.own_head:
         raise ValueError(
-            f"classification probes fine-tune an encoder; got {families.describe(config)}"
+            f"classifier_model is the encoders' head; {families.describe(config)} is read by "
+            "probe_models.probe_for"
         )
-    if num_labels < 2:
-        raise ValueError(f"num_labels must be >= 2, got {num_labels}")
-    changes = dict(heads=("classifier",), num_labels=num_labels)
-    if dropout_rate is not None:
-        changes.update(dropout_rate=dropout_rate, attention_dropout_rate=dropout_rate)
-    return config.replace(**changes)
+    return probe.config
 
 
-def _classifier_loss(model):
+def _classifier_loss(probe: probe_models.ProbeModel):
     def loss_fn(params, batch, rng):
-        logits = model.apply(
-            {"params": params},
-            batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch["token_type_ids"],
-            deterministic=False,
-            rngs={"dropout": rng},
-        )["classifier_logits"]
+        logits = probe.logits(params, batch, deterministic=False, rng=rng)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
         return jnp.sum(losses * batch["weights"]) / jnp.maximum(jnp.sum(batch["weights"]), 1)
 
@@ -231,23 +225,33 @@ def _classifier_loss(model):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _predicted_labels(config: ModelConfig, params, batch):
-    logits = Transformer(config).apply(
-        {"params": params},
-        batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        token_type_ids=batch["token_type_ids"],
-    )["classifier_logits"]
-    return logits.argmax(-1)
+def _predicted_labels(probe: probe_models.ProbeModel, params, batch):
+    return probe.logits(params, batch).argmax(-1)
 
 
-def predict_labels(config: ModelConfig, params, arrays: dict, *, batch_size: int) -> np.ndarray:
-    """argmax of the classifier logits for every row of `arrays`."""
+def predict_labels(
+    probe: probe_models.ProbeModel, params, arrays: dict, *, batch_size: int
+) -> np.ndarray:
+    """argmax of the classifier logits for every row of `arrays` (`encode_examples` framed as
+    `probe.framing`)."""
     out = []
     for batch in batches(arrays, batch_size=batch_size, rng=None):
-        predicted = np.asarray(_predicted_labels(config, params, batch))
+        predicted = np.asarray(_predicted_labels(probe, params, batch))
         out.append(predicted[batch["weights"] > 0])
     return np.concatenate(out)
+
+
+def _check_examples(name: str, examples: list, num_labels: int):
+    if not examples:
+        raise ValueError(f"{name} has no examples")
+    bad = sorted({e.label for e in examples if not 0 <= e.label < num_labels})
+    if bad:
+        raise ValueError(f"{name} labels {bad} are outside [0, num_labels={num_labels})")
+
+
+def _majority_share(labels: np.ndarray, num_labels: int) -> float:
+    counts = np.bincount(labels, minlength=num_labels)
+    return float(counts.max() / counts.sum())
 
 
 def finetune_classifier(
@@ -256,6 +260,7 @@ def finetune_classifier(
     train: list,
     validation: list,
     num_labels: int,
+    test: list | None = None,
     learning_rate: float = 2e-5,
     epochs: int = 3,
     batch_size: int = 32,
@@ -266,50 +271,62 @@ def finetune_classifier(
     dropout_rate: float | None = None,
     progress: bool = True,
 ) -> FinetuneResult:
-    """Fine-tunes the pooled `classifier` head (and the encoder) on `TextExample`s.
+    """Fine-tunes a classifier (and the model under it) on `TextExample`s, for every family:
+    how each is read and its texts framed is `probe_models`' table (encoders: the pooled
+    `classifier` head on [CLS]; encoder-decoders: the encoder mean-pooled, the decoder unused;
+    XLNet: the content stream's last position; causal LMs: the last real token).
 
     Args:
       model_or_path: an lmsuite run or HF directory, a transformers model or a `LoadedModel`;
-        its encoder and vocabulary are used.
+        its model (ELECTRA: the discriminator) and vocabulary are used.
       train, validation: `finetune_data.TextExample` lists with labels in [0, num_labels).
+      test: an optional held-out list scored once with the final parameters (select settings
+        on `validation`, report `test`).
       from_scratch: the same architecture from random initialisation (seeded by `seed`),
         nothing taken from the checkpoint: the baseline pretraining has to beat.
       dropout_rate: overrides the checkpoint's dropout (None keeps it).
 
     Returns:
       `FinetuneResult`; metrics hold validation_accuracy (final epoch), the majority-class
-      share of the validation set, and the settings.
+      share of the validation set, with `test`: test_accuracy and test_majority_class_share,
+      and the settings. `result.config` is the fine-tuned backbone's config.
+
+    Raises:
+      ValueError: an empty split, a label outside [0, num_labels), no vocabulary, max_length
+        beyond the model's positions, or a family no probe reads.
     """
-    for name, examples in (("train", train), ("validation", validation)):
-        if not examples:
-            raise ValueError(f"{name} has no examples")
-        bad = sorted({e.label for e in examples if not 0 <= e.label < num_labels})
-        if bad:
-            raise ValueError(f"{name} labels {bad} are outside [0, num_labels={num_labels})")
+    splits = {"train": train, "validation": validation}
+    if test is not None:
+        splits["test"] = test
+    for name, examples in splits.items():
+        _check_examples(name, examples, num_labels)
     loaded = open_model(model_or_path)
     if loaded.vocab is None:
         raise ValueError(f"{loaded.source} has no vocabulary to tokenize the text with")
-    config = classifier_model(loaded.config, num_labels=num_labels, dropout_rate=dropout_rate)
+    probe = probe_models.probe_for(loaded.config, num_labels=num_labels, dropout_rate=dropout_rate)
+    config = probe.config
     if max_length > config.max_positions:
         raise ValueError(f"max_length={max_length} exceeds the model's {config.max_positions}")
-    params = init_params(config, jax.random.PRNGKey(seed))
-    if not from_scratch:  # BERT keeps a pretrained pooler when there is one; output is new
-        params = transplant(params, loaded.params, keep=lambda k: k != "classifier/output")
-    model = Transformer(config)
+    params = probe.init(jax.random.PRNGKey(seed))
+    if not from_scratch:
+        _, pretrained = probe_models.pretrained_backbone(loaded.config, loaded.params)
+        params = transplant(params, pretrained, keep=probe.keep)
     arrays = {
-        name: finetune_data.encode_examples(examples, vocab=loaded.vocab, max_length=max_length)
-        for name, examples in (("train", train), ("validation", validation))
+        name: finetune_data.encode_examples(
+            examples, vocab=loaded.vocab, max_length=max_length, framing=probe.framing
+        )
+        for name, examples in splits.items()
     }
 
-    def evaluate(p):
-        predicted = predict_labels(config, p, arrays["validation"], batch_size=batch_size)
-        return {"validation_accuracy": float(np.mean(predicted == arrays["validation"]["labels"]))}
+    def accuracy(p, split: str) -> float:
+        predicted = predict_labels(probe, p, arrays[split], batch_size=batch_size)
+        return float(np.mean(predicted == arrays[split]["labels"]))
 
     params, history = fit(
         params=params,
-        loss_fn=_classifier_loss(model),
+        loss_fn=_classifier_loss(probe),
         train=arrays["train"],
-        evaluate=evaluate,
+        evaluate=lambda p: {"validation_accuracy": accuracy(p, "validation")},
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,
@@ -318,19 +335,27 @@ def finetune_classifier(
         progress=progress,
         description="scratch" if from_scratch else "fine-tune",
     )
-    counts = np.bincount(arrays["validation"]["labels"], minlength=num_labels)
     metrics = {
         **history[-1],
-        "majority_class_share": float(counts.max() / counts.sum()),
-        "train_examples": len(train),
-        "validation_examples": len(validation),
-        "num_labels": num_labels,
-        "learning_rate": learning_rate,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "max_length": max_length,
-        "seed": seed,
-        "from_scratch": from_scratch,
-        "source": loaded.source,
+        "majority_class_share": _majority_share(arrays["validation"]["labels"], num_labels),
     }
+    if test is not None:
+        metrics["test_accuracy"] = accuracy(params, "test")
+        metrics["test_majority_class_share"] = _majority_share(arrays["test"]["labels"], num_labels)
+    metrics.update(
+        {
+            "train_examples": len(train),
+            "validation_examples": len(validation),
+            **({"test_examples": len(test)} if test is not None else {}),
+            "num_labels": num_labels,
+            "family": families.family(loaded.config).name,
+            "learning_rate": learning_rate,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "max_length": max_length,
+            "seed": seed,
+            "from_scratch": from_scratch,
+            "source": loaded.source,
+        }
+    )
     return FinetuneResult(metrics=metrics, history=history, params=params, config=config)

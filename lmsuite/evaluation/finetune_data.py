@@ -4,6 +4,7 @@ train, validation, labels = probe_examples("trec_questions")
 train, labels = read_glue_tsv("train.tsv")                        # GLUE columns detected
 validation, _ = read_glue_tsv("dev.tsv", label_names=labels)      # ids from the train file
 ids, types = encode_pair(vocab, "a text", None, max_length=64)    # [CLS] a text [SEP]
+ids, types = frame_pair(vocab, "a text", None, max_length=64, framing="xlnet")  # a text [SEP] [CLS]
 """
 
 import csv
@@ -122,34 +123,103 @@ def read_glue_tsv(
     return examples, tuple(label_names)
 
 
-def encode_pair(vocab, text: str, pair: str | None, *, max_length: int):
-    """(ids, token types) of [CLS] text [SEP] (pair [SEP]), the longer part cut first to fit.
-
-    Example: pieces a b c / d, max_length 6 -> [CLS] a b [SEP] d [SEP], types 0 0 0 0 1 1.
-    """
-    cls_id, sep_id = vocab.token_id("cls_token"), vocab.token_id("sep_token")
-    if cls_id is None or sep_id is None:
-        raise ValueError("classification needs a vocabulary with [CLS] and [SEP] tokens")
-    first = vocab.encode(text, add_special_tokens=False)
-    second = [] if pair is None else vocab.encode(pair, add_special_tokens=False)
-    room = max_length - (3 if pair is not None else 2)
-    if room < 1:
-        raise ValueError(f"max_length={max_length} leaves no room for text")
+def _cut_to_fit(first: list[int], second: list[int], room: int) -> tuple[list[int], list[int]]:
+    """Drops the last piece of the longer part until both fit in `room` (BERT's
+    truncate_seq_pair)."""
     while len(first) + len(second) > room:
         if len(first) >= len(second):
             first = first[:-1]
         else:
             second = second[:-1]
-    ids = [cls_id, *first, sep_id]
-    types = [0] * len(ids)
+    return first, second
+
+
+def _special_ids(vocab, roles: tuple[str, ...], framing: str) -> list[int]:
+    ids = [vocab.token_id(role) for role in roles]
+    missing = [role for role, i in zip(roles, ids, strict=True) if i is None]
+    if missing:
+        raise ValueError(
+            f"framing {framing!r} needs a vocabulary with {list(roles)}; this one lacks {missing}"
+        )
+    return ids
+
+
+def encode_pair(vocab, text: str, pair: str | None, *, max_length: int):
+    """(ids, token types) of [CLS] text [SEP] (pair [SEP]), the longer part cut first to fit.
+
+    Example: pieces a b c / d, max_length 6 -> [CLS] a b [SEP] d [SEP], types 0 0 0 0 1 1.
+    """
+    return frame_pair(vocab, text, pair, max_length=max_length, framing="cls_sep")
+
+
+# How each family's texts are framed (`probe_models` names one per family); "xlnet" rows are
+# padded on the left, the others on the right.
+FRAMINGS = ("cls_sep", "eos", "xlnet")
+LEFT_PADDED = ("xlnet",)
+
+
+def frame_pair(vocab, text: str, pair: str | None, *, max_length: int, framing: str):
+    """(ids, token types) of a text (or pair) framed as a family's pretraining framed it.
+
+      cls_sep  [CLS] a [SEP] (b [SEP]), types 0 then 1: the encoders (BERT's fine-tuning).
+      eos      a </s> (b </s>), types 0: encoder-decoders, decoders and Transformer-XL, whose
+               lmsuite tasks end a text with </s> (`tokenizer_export.template_for`).
+      xlnet    a [SEP] (b [SEP]) [CLS], types 0, 1 then 2 on [CLS]: XLNet's `A <sep> B <sep>
+               <cls>` (lmsuite's XLNet data plays <sep> with [SEP] and <cls> with [CLS]).
+
+    The longer part loses its last piece first until the framing fits in `max_length`.
+
+    Example: pieces a b c / d, max_length 6:
+      cls_sep -> [CLS] a b [SEP] d [SEP], types 0 0 0 0 1 1
+      eos     -> a b c </s> d </s>,      types 0 0 0 0 0 0
+      xlnet   -> a b [SEP] d [SEP] [CLS], types 0 0 0 1 1 2
+    """
+    if framing not in FRAMINGS:
+        raise ValueError(f"framing must be one of {FRAMINGS}, got {framing!r}")
+    if framing == "cls_sep":
+        cls_id, sep_id = vocab.token_id("cls_token"), vocab.token_id("sep_token")
+        if cls_id is None or sep_id is None:
+            raise ValueError("classification needs a vocabulary with [CLS] and [SEP] tokens")
+        specials = 3 if pair is not None else 2
+    elif framing == "eos":
+        (eos_id,) = _special_ids(vocab, ("eos_token",), framing)
+        specials = 2 if pair is not None else 1
+    else:
+        cls_id, sep_id = _special_ids(vocab, ("cls_token", "sep_token"), framing)
+        specials = 3 if pair is not None else 2
+    first = vocab.encode(text, add_special_tokens=False)
+    second = [] if pair is None else vocab.encode(pair, add_special_tokens=False)
+    room = max_length - specials
+    if room < 1:
+        raise ValueError(f"max_length={max_length} leaves no room for text")
+    first, second = _cut_to_fit(first, second, room)
+    if framing == "cls_sep":
+        ids = [cls_id, *first, sep_id]
+        types = [0] * len(ids)
+        if pair is not None:
+            ids += [*second, sep_id]
+            types += [1] * (len(second) + 1)
+        return ids, types
+    if framing == "eos":
+        ids = [*first, eos_id] + ([] if pair is None else [*second, eos_id])
+        return ids, [0] * len(ids)
+    ids, types = [*first, sep_id], [0] * (len(first) + 1)
     if pair is not None:
         ids += [*second, sep_id]
         types += [1] * (len(second) + 1)
-    return ids, types
+    return ids + [cls_id], types + [2]
 
 
-def encode_examples(examples: list[TextExample], *, vocab, max_length: int) -> dict:
-    """input_ids, token_type_ids, attention_mask (N, max_length) and labels (N,)."""
+def encode_examples(
+    examples: list[TextExample], *, vocab, max_length: int, framing: str = "cls_sep"
+) -> dict:
+    """input_ids, token_type_ids, attention_mask (N, max_length) and labels (N,), each text
+    framed by `frame_pair`; padding (id 0, type 0, mask 0) on the right, or on the left for
+    the framings in `LEFT_PADDED` (XLNet's classifier reads the last position).
+
+    Example: pieces a b, max_length 5, framing "xlnet" -> ids 0 a b [SEP] [CLS], mask
+      0 1 1 1 1, types 0 0 0 0 2; framing "eos" -> ids a b </s> 0 0, mask 1 1 1 0 0.
+    """
     n = len(examples)
     out = {
         "input_ids": np.zeros((n, max_length), np.int32),
@@ -158,10 +228,13 @@ def encode_examples(examples: list[TextExample], *, vocab, max_length: int) -> d
         "labels": np.asarray([e.label for e in examples], np.int32),
     }
     for row, example in enumerate(examples):
-        ids, types = encode_pair(vocab, example.text, example.pair, max_length=max_length)
-        out["input_ids"][row, : len(ids)] = ids
-        out["token_type_ids"][row, : len(ids)] = types
-        out["attention_mask"][row, : len(ids)] = 1
+        ids, types = frame_pair(
+            vocab, example.text, example.pair, max_length=max_length, framing=framing
+        )
+        where = slice(max_length - len(ids), None) if framing in LEFT_PADDED else slice(len(ids))
+        out["input_ids"][row, where] = ids
+        out["token_type_ids"][row, where] = types
+        out["attention_mask"][row, where] = 1
     return out
 
 

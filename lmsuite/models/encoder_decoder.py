@@ -1,5 +1,6 @@
 """`EncoderDecoderModel`: a bidirectional encoder and a causal decoder with cross-attention
-(T5, BART, MASS), trained through `__call__` and decoded step by step through `decode`.
+(T5, BART, MASS), trained through `__call__`, decoded step by step through `decode`, and read
+by the classification probes through `encode` (the encoder alone).
 
 Parameters: `token_embedder` (shared), `encoder_embedder`, `encoder`, `decoder_embedder`,
 `decoder`, and `lm_head` / `classifier`.
@@ -55,6 +56,37 @@ class EncoderDecoderModel(nn.Module):
             outputs["classifier_logits"] = self.classifier(hidden, deterministic=deterministic)
         return outputs
 
+    def _encode(self, input_ids, attention_mask, position_ids, segment_ids, deterministic):
+        cfg = self.config
+        x = self.encoder_embedder(
+            input_ids, position_ids_BL=position_ids, deterministic=deterministic
+        )
+        enc_inputs = dict(
+            attention_mask=attention_mask, segment_ids=segment_ids, causal=False, prefix_mask=None
+        )
+        return self.encoder(
+            x,
+            mask=self_attention_mask(cfg, input_ids.shape[1], **enc_inputs),
+            mask_layout=self_attention_layout(cfg, input_ids.shape[1], **enc_inputs),
+            deterministic=deterministic,
+        )
+
+    def encode(self, input_ids, *, attention_mask=None, deterministic: bool = True) -> jax.Array:
+        """The encoder stack's final states (B, L, D) of `input_ids`, the decoder untouched:
+        what a classification probe reads (`lmsuite.evaluation.probe_models`). Initialised
+        through this method, the tree holds the shared and encoder parameters only, at the
+        paths `__call__` gives them.
+
+        Args:
+          input_ids: (B, L) the encoder's token ids.
+          attention_mask: (B, L) 1 for the real tokens.
+          deterministic: False enables dropout (needs a "dropout" rng).
+        """
+        validate_inputs(self.config, input_ids)
+        if attention_mask is not None:
+            check_same_shape("attention_mask", attention_mask, "input_ids", input_ids)
+        return self._encode(input_ids, attention_mask, None, None, deterministic)
+
     def __call__(
         self,
         input_ids,
@@ -95,18 +127,7 @@ class EncoderDecoderModel(nn.Module):
             raise ValueError(
                 f"encoder attention_mask must be (B, L), got {tuple(attention_mask.shape)}"
             )
-        x = self.encoder_embedder(
-            input_ids, position_ids_BL=position_ids, deterministic=deterministic
-        )
-        enc_inputs = dict(
-            attention_mask=attention_mask, segment_ids=segment_ids, causal=False, prefix_mask=None
-        )
-        encoded = self.encoder(
-            x,
-            mask=self_attention_mask(cfg, input_ids.shape[1], **enc_inputs),
-            mask_layout=self_attention_layout(cfg, input_ids.shape[1], **enc_inputs),
-            deterministic=deterministic,
-        )
+        encoded = self._encode(input_ids, attention_mask, position_ids, segment_ids, deterministic)
         y = self.decoder_embedder(
             decoder_input_ids, position_ids_BL=decoder_position_ids, deterministic=deterministic
         )

@@ -48,8 +48,9 @@ class Family:
     seq2seq      it reads encoder inputs and decoder inputs (`decoder_input_ids`), and its
                  cached steps go through the module's `decode` method.
     prefix       it needs `prefix_mask` (B, L): 1 on the bidirectional prefix.
-    bidirectional  one stack that sees the whole text: texts are framed `[CLS] x [SEP]`, and
-                 the fine-tuning probes (classification, extractive QA) apply.
+    bidirectional  one stack that sees the whole text: texts are framed `[CLS] x [SEP]`,
+                 extractive QA applies and the classification probes read its own `classifier`
+                 head (the other families: `lmsuite.evaluation.probe_models`).
     one_stack    `encode` and `attention` read the states of its single stack from the text
                  alone.
     scans        its layers run under ModelConfig.scan_layers (its stacks are `stack.Stack`s).

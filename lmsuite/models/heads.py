@@ -80,23 +80,57 @@ class VocabHead(nn.Module):
         return logits
 
 
+POOLINGS = ("first", "mean", "last")
+
+
+def pool_states(x_BLD, mask_BL, pooling: str):
+    """One state per row: "first" x[:, 0] (BERT's [CLS]); "mean" the mean over the positions
+    `mask_BL` marks (Sentence-T5's encoder pooling); "last" the state at the last marked
+    position, wherever the padding lies (GPT's extract token, XLNet's final <cls>).
+
+    Example: x rows [a, b, c], mask [1, 1, 0] -> first a, mean (a + b) / 2, last b;
+      mask [0, 1, 1] (padded on the left) -> last c.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if pooling == "first":
+        return x_BLD[:, 0]
+    if mask_BL is None or tuple(mask_BL.shape) != tuple(x_BLD.shape[:2]):
+        got = None if mask_BL is None else tuple(mask_BL.shape)
+        raise ValueError(f"pooling={pooling!r} needs mask_BL {tuple(x_BLD.shape[:2])}, got {got}")
+    real_BL = mask_BL > 0
+    if pooling == "mean":
+        weights_BL = real_BL.astype(jnp.float32)
+        total_BD = jnp.einsum("BLD,BL->BD", x_BLD.astype(jnp.float32), weights_BL)
+        count_B1 = jnp.maximum(weights_BL.sum(axis=1, keepdims=True), 1.0)
+        return (total_BD / count_B1).astype(x_BLD.dtype)
+    # argmax finds the first marked position of the reversed row: the last one of the row.
+    last_B = x_BLD.shape[1] - 1 - jnp.argmax(real_BL[:, ::-1], axis=1)
+    return jnp.take_along_axis(x_BLD, last_B[:, None, None], axis=1)[:, 0]
+
+
 class Classifier(nn.Module):
     """The first token's state -> `pooler` (dense + tanh) -> `output` (num_labels logits).
 
     BERT's NSP, ALBERT's SOP, StructBERT's 3-way pairs and fine-tuning probes all use it, as do
     a multi-task encoder's row-level `LabelHead`s (`num_labels` set: their own arity).
+    `pooling` other than "first" (`pool_states`, given `mask_BL`) is how the fine-tuning probes
+    read the families without a [CLS] token (`lmsuite.evaluation.probe_models`).
     """
 
     config: ModelConfig
     num_labels: int | None = None  # default: config.num_labels
+    pooling: str = "first"
 
     @nn.compact
-    def __call__(self, x_BLD, *, deterministic=True):
+    def __call__(self, x_BLD, *, mask_BL=None, deterministic=True):
         cfg = self.config
         labels = cfg.num_labels if self.num_labels is None else self.num_labels
         kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
         pooled_BD = jnp.tanh(
-            DenseGeneral((cfg.d_model,), (P.EMBED,), (P.MLP,), name="pooler", **kw)(x_BLD[:, 0])
+            DenseGeneral((cfg.d_model,), (P.EMBED,), (P.MLP,), name="pooler", **kw)(
+                pool_states(x_BLD, mask_BL, self.pooling)
+            )
         )
         pooled_BD = nn.Dropout(cfg.dropout_rate)(pooled_BD, deterministic=deterministic)
         return DenseGeneral((labels,), (P.EMBED,), (P.TABLE,), name="output", **kw)(pooled_BD)

@@ -215,6 +215,31 @@ def test_finetune_command_end_to_end(tsv_files, bert_dir, tmp_path, capsys):
     assert "unknown --task 'sst3'" in capsys.readouterr().err
 
 
+def test_finetune_command_scores_a_test_file(tsv_files, bert_dir, tmp_path, capsys):
+    test_file = write_tsv(tmp_path / "test.tsv", ["sentence", "label"], sentiment_rows(10, 2))
+    out_dir = tmp_path / "out"
+    argv = [
+        "finetune",
+        f"--hf_dir={bert_dir}",
+        "--task=glue_tsv",
+        f"--train_file={tsv_files[0]}",
+        f"--validation_file={tsv_files[1]}",
+        f"--test_file={test_file}",
+        f"--output_dir={out_dir}",
+        "--epochs=1",
+        "--batch_size=8",
+        "--max_length=16",
+        "--no_progress",
+    ]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    final = json.loads((out_dir / "metrics.json").read_text())["final"]
+    assert final["test_examples"] == 10 and final["test_majority_class_share"] == 0.5
+    assert lines[-2].startswith(f"test accuracy {final['test_accuracy']:.4f} (majority class")
+    assert cli.main([*argv[:2], "--task=trec_questions", *argv[5:]]) == 2
+    assert "--test_file is for --task=glue_tsv, not 'trec_questions'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------ slow
 PRETRAIN_RUN = os.environ.get("LMSUITE_PRETRAIN_RUN", "runs/default")
 
