@@ -131,7 +131,7 @@ class ProbeModel:
         """Whether parameter `key` ("a/b/c") is taken from the pretrained checkpoint: BERT keeps
         a pretrained pooler where there is one; the other families' classifier is all new."""
         if self.own_head:
-            return key != "classifier/output"
+            return not key.startswith("classifier/output/")
         return not key.startswith("classifier/")
 
 

@@ -296,3 +296,21 @@ def test_a_two_step_run_of_each_family_loads_and_fine_tunes(experiment, family, 
     assert metrics["family"] == family and metrics["test_examples"] == 24
     assert 0 <= metrics["test_accuracy"] <= 1 and np.isfinite(result.history[0]["train_loss"])
     assert set(result.params["classifier"]) == {"pooler", "output"}
+
+
+def test_an_encoder_keeps_its_pretrained_pooler_and_gets_a_new_output_layer():
+    """A BERT pretrained with NSP (a 2-way classifier) fine-tuned on 6 labels: the pooler is
+    taken from the checkpoint, the output layer is new (even where its shape would fit)."""
+    config = ModelConfig(**TINY, heads=("mlm", "classifier"), num_labels=2)
+    pretrained = finetune.init_params(config, jax.random.PRNGKey(1))
+    for labels in (6, 2):
+        probe = probe_models.probe_for(config, num_labels=labels)
+        fresh = probe.init(jax.random.PRNGKey(2))
+        moved = finetune.transplant(fresh, pretrained, keep=probe.keep)
+        np.testing.assert_array_equal(
+            moved["classifier"]["pooler"]["kernel"], pretrained["classifier"]["pooler"]["kernel"]
+        )
+        np.testing.assert_array_equal(
+            moved["classifier"]["output"]["kernel"], fresh["classifier"]["output"]["kernel"]
+        )
+        assert moved["classifier"]["output"]["bias"].shape == (labels,)

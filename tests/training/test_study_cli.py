@@ -111,3 +111,49 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypa
         assert 0 <= record["probes"]["trec_questions"]["test_accuracy"] <= 1
     report = (tmp_path / study_report.REPORT_FILE).read_text()
     assert "| bert_tiny | bert_mlm_nsp | 2.34e+10 flops | 2 |" in report
+
+
+@pytest.mark.slow
+def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_path, monkeypatch):
+    calls = []
+    real_sweep = probe_sweep.sweep
+
+    def spy(model, probe, **kwargs):
+        calls.append(kwargs["from_scratch"])
+        return real_sweep(model, probe, **kwargs)
+
+    monkeypatch.setattr(probe_sweep, "sweep", spy)
+    argv = ["study", f"--out={tmp_path}", "--experiments=bert_tiny", "--seeds=1",
+            f"--flops={20 * 1.17e9:.4g}", "--gin.BATCH_SIZE=8", "--gin.train.eval_batches=2",
+            *TOY]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert calls == [False, True]  # the pretrained run, then the baseline
+    record = json.loads(
+        (tmp_path / "runs" / "bert_tiny" / study.SCRATCH / "seed0" / "result.json").read_text()
+    )
+    assert record["budget"] is None and record["steps"] == 0 and record["flops"] == 0.0
+    report = (tmp_path / study_report.REPORT_FILE).read_text()
+    assert "| bert_tiny | bert_mlm_nsp | none (scratch) | 1 |" in report
+
+
+TOY_FLOPS = 4.5e11  # >= 20 steps of the costliest default experiment's step (2.1e10)
+
+
+@pytest.mark.slow
+def test_a_toy_study_of_every_default_objective_spends_its_budget(tmp_path, capsys):
+    argv = ["study", f"--out={tmp_path}", "--seeds=1", f"--flops={TOY_FLOPS:g}",
+            "--no_scratch", "--gin.train.eval_batches=2", *TOY]  # fmt: skip
+    assert cli.main(argv) == 0
+    experiments = study.DEFAULT_EXPERIMENTS.split(",")
+    report = (tmp_path / study_report.REPORT_FILE).read_text()
+    for experiment in experiments:
+        path = tmp_path / "runs" / experiment / study.budget_label(TOY_FLOPS) / "seed0"
+        record = json.loads((path / "result.json").read_text())
+        assert abs(record["flops"] - TOY_FLOPS) / TOY_FLOPS <= study.MAX_BUDGET_ERROR
+        assert record["steps"] == round(TOY_FLOPS / record["flops_per_step"])
+        assert record["held_out"], experiment  # its own held-out pretraining metric
+        accuracy = record["probes"]["trec_questions"]["test_accuracy"]
+        assert 0 <= accuracy <= 1
+        assert f"| {experiment} | {record['recipe']} | 4.5e+11 flops | 1 |" in report
+    assert (tmp_path / study_report.PLOT_FILE).stat().st_size > 10_000
+    print(report)
