@@ -200,23 +200,23 @@ def plan_steps(run, cost, *, budget: float, match: str) -> dict:
     """The steps (and warmup) that spend `budget` with this run's step `cost`.
 
     Raises:
-      ConfigError: a budget that whole steps cannot meet within MAX_BUDGET_ERROR (too small
-        for this experiment's step), or a continual schedule (stages at fixed steps).
+      ConfigError: a continual schedule (stages at fixed steps), or a budget that whole steps
+        cannot meet within MAX_BUDGET_ERROR (too small for this experiment's step).
     """
+    if run.data.stages:
+        raise ConfigError(
+            ["a continual schedule (train.stages) starts its stages at fixed steps; the study "
+             "cannot rescale it yet"]
+        )  # fmt: skip
     per_step = cost.flops if match == "flops" else cost.tokens
     steps = max(1, round(budget / per_step))
     error = abs(steps * per_step - budget) / budget
     if error > MAX_BUDGET_ERROR:
         raise ConfigError(
             [f"a budget of {budget:.4g} {match} is {budget / per_step:.2f} steps of "
-             f"{run.checkpointing.model_dir}'s {per_step:.4g} {match} per step: whole steps miss "
-             f"it by {100 * error:.1f}% (at most {100 * MAX_BUDGET_ERROR:.0f}%); give a budget of "
-             f"at least {per_step / MAX_BUDGET_ERROR / 2:.3g}"]
-        )  # fmt: skip
-    if run.data.stages:
-        raise ConfigError(
-            [f"{run.checkpointing.model_dir}: a continual schedule (train.stages) starts its "
-             "stages at fixed steps; the study cannot rescale it yet"]
+             f"{per_step:.4g} {match}: whole steps miss it by {100 * error:.1f}% (at most "
+             f"{100 * MAX_BUDGET_ERROR:.0f}%); give a budget of at least "
+             f"{per_step / MAX_BUDGET_ERROR / 2:.3g}"]
         )  # fmt: skip
     schedule = run.optimizer.learning_rate
     share = schedule.warmup_steps / run.trainer.train_steps if run.trainer.train_steps else 0
@@ -228,19 +228,52 @@ def plan_steps(run, cost, *, budget: float, match: str) -> dict:
     }
 
 
-def pretrain(experiment: str, budget: float, seed: int, run_dir: str, protocol, progress) -> dict:
+def plan_study(experiments, budgets, protocol) -> dict:
+    """{experiment: {"cost": StepCost, "plans": {budget: plan_steps(...)}}} for every run,
+    before any trains; printed as a table.
+
+    Raises:
+      ConfigError: every experiment whose config or budgets do not work, at once.
+    """
+    from lmsuite.training.step_cost import step_cost
+
+    problems, out = [], {}
+    for experiment in experiments:
+        try:
+            run = _experiment_run(experiment, f"plan/{experiment}", protocol.bindings)
+            if run.data.stages:  # refused by plan_steps; known before the step is lowered
+                plan_steps(run, None, budget=budgets[0], match=protocol.match)
+            cost = step_cost(run)
+            plans = {b: plan_steps(run, cost, budget=b, match=protocol.match) for b in budgets}
+        except ValueError as error:  # ConfigError too: each problem named with the experiment
+            lines = getattr(error, "problems", None) or [str(error).strip().splitlines()[0]]
+            problems += [f"{experiment}: {line.strip()}" for line in lines]
+            continue
+        out[experiment] = {"cost": cost, "plans": plans}
+    if problems:
+        raise ConfigError(problems)
+    head = f"{'experiment':<20} {'params':>10} {'FLOPs/step':>11} {'tokens/step':>11}"
+    print(head + "".join(f" {'steps@' + budget_label(b):>14}" for b in budgets))
+    for experiment, planned in out.items():
+        cost = planned["cost"]
+        print(
+            f"{experiment:<20} {cost.params:>10,} {cost.flops:>11.3g} {cost.tokens:>11,}"
+            + "".join(f" {planned['plans'][b]['steps']:>14,}" for b in budgets)
+        )
+    return out
+
+
+def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: float, protocol,
+             progress: bool) -> dict:  # fmt: skip
     """Pretrains one run of the study (resuming its checkpoints) and returns its record."""
     import lmsuite
     from lmsuite.training import metrics, recipes
-    from lmsuite.training.step_cost import step_cost
 
     model_dir = os.path.join(run_dir, "pretrain")
-    bindings = list(protocol.bindings) + [f"train.seed = {seed}"]
-    run = _experiment_run(experiment, model_dir, bindings)
-    cost = step_cost(run)
-    plan = plan_steps(run, cost, budget=budget, match=protocol.match)
+    cost, plan = planned["cost"], planned["plans"][budget]
     steps = plan["steps"]
-    bindings += [
+    bindings = list(protocol.bindings) + [
+        f"train.seed = {seed}",
         f"TRAIN_STEPS = {steps}",
         f"WARMUP_STEPS = {plan['warmup_steps']}",
         f"CHECKPOINT_EVERY = {max(1, steps // 4)}",  # a killed study loses at most a quarter
@@ -271,7 +304,13 @@ def pretrain(experiment: str, budget: float, seed: int, run_dir: str, protocol, 
 
 
 def run_one(
-    experiment: str, budget: float | None, seed: int, out_dir: str, protocol, progress: bool
+    experiment: str,
+    budget: float | None,
+    seed: int,
+    out_dir: str,
+    protocol,
+    progress: bool,
+    planned: dict,
 ) -> dict:
     """One run of the study (budget None: the from-scratch baseline), its result.json written
     last; a run that has one is read back, not redone."""
@@ -285,11 +324,11 @@ def run_one(
             return json.load(f)
     record = {"experiment": experiment, "budget": budget, "match": protocol.match, "seed": seed}
     if budget is None:
-        model = _scratch_source(experiment, run_dir, protocol, seed)
+        model = _scratch_source(experiment, run_dir, protocol, seed, planned["cost"])
         source = model.pop("source")
         record.update(model)
     else:
-        record.update(pretrain(experiment, budget, seed, run_dir, protocol, progress))
+        record.update(pretrain(experiment, seed, run_dir, planned, budget, protocol, progress))
         source = os.path.join(run_dir, "pretrain")
     probes = {}
     for probe in protocol.probes:
@@ -310,11 +349,10 @@ def run_one(
     return record
 
 
-def _scratch_source(experiment: str, run_dir: str, protocol, seed: int) -> dict:
+def _scratch_source(experiment: str, run_dir: str, protocol, seed: int, cost) -> dict:
     """The experiment's architecture and vocabulary with no training: a run directory
     holding its step-0 checkpoint (the probes then start from random weights, `from_scratch`)."""
     import lmsuite
-    from lmsuite.training.step_cost import step_cost
 
     model_dir = os.path.join(run_dir, "init")
     bindings = list(protocol.bindings) + [
@@ -322,7 +360,6 @@ def _scratch_source(experiment: str, run_dir: str, protocol, seed: int) -> dict:
         "train.final_eval = False", "train.progress_bar = False",
     ]  # fmt: skip
     run = _experiment_run(experiment, model_dir, bindings)
-    cost = step_cost(run)
     lmsuite.train(run)  # one step, for a loadable run directory; its weights are not used
     return {
         "recipe": run.recipe.recipe.name,
@@ -342,22 +379,31 @@ def run_study(args) -> list[dict]:
 
     protocol, experiments, budgets, seeds = parse_settings(args)
     check_protocol(args.out_dir, protocol)
+    planned = plan_study(experiments, budgets, protocol)
     grid = [(e, b, s) for e in experiments for b in budgets for s in range(seeds)]
     if not args.no_scratch:
         grid += [(e, None, s) for e in experiments for s in range(seeds)]
-    results = []
+    results, spent = [], []  # spent: seconds of the runs this process did
     for i, (experiment, budget, seed) in enumerate(grid, 1):
         what = "from scratch" if budget is None else f"{budget:.4g} {protocol.match}"
         print(f"[{i}/{len(grid)}] {experiment}, {what}, seed {seed}", flush=True)
         started = time.perf_counter()
         record = run_one(
-            experiment, budget, seed, args.out_dir, protocol, progress=not args.no_progress
-        )
+            experiment, budget, seed, args.out_dir, protocol, progress=not args.no_progress,
+            planned=planned[experiment],
+        )  # fmt: skip
         results.append(record)
+        seconds = time.perf_counter() - started
+        if seconds > 1:  # trained here, not read back
+            spent.append(seconds)
         accuracies = ", ".join(
             f"{p} {r['test_accuracy']:.4f}" for p, r in record["probes"].items()
         )  # fmt: skip
-        print(f"    {accuracies} ({time.perf_counter() - started:.0f} s)", flush=True)
+        left = len(grid) - i
+        eta = (
+            f"; about {left * sum(spent) / len(spent) / 60:.0f} min left" if spent and left else ""
+        )
+        print(f"    {accuracies} ({seconds:.0f} s{eta})", flush=True)
         study_report.write_report(args.out_dir, results, protocol=dataclasses.asdict(protocol))
     print(f"report: {os.path.join(args.out_dir, study_report.REPORT_FILE)}")
     return results

@@ -164,7 +164,9 @@ def test_from_scratch_takes_nothing_from_the_checkpoint(bert_dir):
     loaded = lmsuite.load(bert_dir)
     config = finetune.classifier_model(loaded.config, num_labels=3)
     fresh = finetune.init_params(config, __import__("jax").random.PRNGKey(0))
-    moved = finetune.transplant(fresh, loaded.params, keep=lambda k: not k.startswith("classifier/output/"))
+    moved = finetune.transplant(
+        fresh, loaded.params, keep=lambda k: not k.startswith("classifier/output/")
+    )
     same = np.asarray(moved["encoder"]["layers_0"]["mlp"]["wi"]["kernel"])
     want = np.asarray(loaded.params["encoder"]["layers_0"]["mlp"]["wi"]["kernel"])
     np.testing.assert_array_equal(same, want)

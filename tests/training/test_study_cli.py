@@ -159,3 +159,21 @@ def test_a_toy_study_of_every_default_objective_spends_its_budget(tmp_path, caps
         assert f"| {experiment} | {record['recipe']} | 4.5e+11 flops | 1 |" in report
     assert (tmp_path / study_report.PLOT_FILE).stat().st_size > 10_000
     print(report)
+
+
+def test_every_run_is_planned_before_any_trains(tmp_path, monkeypatch, capsys):
+    """A budget too small for one experiment's step, and a staged experiment, are refused
+    together before anything trains; nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    args = cli.parse_args(["study", f"--out={tmp_path}/s", "--flops=1e11", *TOY])
+    protocol = study.parse_settings(args)[0]
+    with pytest.raises(cli.ConfigError) as error:
+        study.plan_study(["bert_tiny", "t5_prefix_lm_tiny", "ernie2_tiny"], [1e11], protocol)
+    problems = error.value.problems
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("t5_prefix_lm_tiny: a budget of 1e+11 flops is 4.7")
+    assert problems[1].startswith("ernie2_tiny: ") and "continual schedule" in problems[1]
+    planned = study.plan_study(["bert_tiny"], [1e11, 4e11], protocol)["bert_tiny"]
+    assert [p["steps"] for p in planned["plans"].values()] == [21, 86]  # 4.66e9 per step
+    assert "bert_tiny" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == []
