@@ -380,9 +380,9 @@ def run_study(args) -> list[dict]:
     protocol, experiments, budgets, seeds = parse_settings(args)
     check_protocol(args.out_dir, protocol)
     planned = plan_study(experiments, budgets, protocol)
-    grid = [(e, b, s) for e in experiments for b in budgets for s in range(seeds)]
-    if not args.no_scratch:
-        grid += [(e, None, s) for e in experiments for s in range(seeds)]
+    # Seed by seed, so that a study stopped early has every objective at every budget.
+    per_seed = list(budgets) + ([] if args.no_scratch else [None])
+    grid = [(e, b, s) for s in range(seeds) for b in per_seed for e in experiments]
     results, spent = [], []  # spent: seconds of the runs this process did
     for i, (experiment, budget, seed) in enumerate(grid, 1):
         what = "from scratch" if budget is None else f"{budget:.4g} {protocol.match}"
