@@ -167,6 +167,9 @@ def probe_for(config: ModelConfig, *, num_labels: int, dropout_rate=None) -> Pro
     if dropout_rate is not None:
         changes.update(dropout_rate=dropout_rate, attention_dropout_rate=dropout_rate)
     if fam.bidirectional:
+        if config.emd_layers:  # DeBERTa's enhanced mask decoder feeds only the MLM head: its
+            # fine-tuning reads the last layer (the released code and HF drop the decoder)
+            changes["deberta"] = dataclasses.replace(config.deberta, emd_layers=0)
         config = config.replace(heads=("classifier",), **changes)
         return ProbeModel(config=config, framing="cls_sep", pooling="first", own_head=True)
     if fam.name == "encoder_decoder":

@@ -314,3 +314,22 @@ def test_an_encoder_keeps_its_pretrained_pooler_and_gets_a_new_output_layer():
             moved["classifier"]["output"]["kernel"], fresh["classifier"]["output"]["kernel"]
         )
         assert moved["classifier"]["output"]["bias"].shape == (labels,)
+
+
+def test_deberta_fine_tunes_without_its_enhanced_mask_decoder():
+    """The EMD feeds the MLM head only: the probe reads the encoder's last layer, and every
+    encoder parameter comes from the checkpoint."""
+    from flax import traverse_util
+
+    from lmsuite.models.config import DebertaOptions
+
+    config = ModelConfig(**{**TINY, "heads": ("mlm",), "position_type": "deberta",
+                            "deberta": DebertaOptions(emd_layers=2)})  # fmt: skip
+    pretrained = finetune.init_params(config, jax.random.PRNGKey(1))
+    probe = probe_models.probe_for(config, num_labels=3)
+    assert probe.config.emd_layers == 0 and probe.config.heads == ("classifier",)
+    moved = finetune.transplant(probe.init(jax.random.PRNGKey(2)), pretrained, keep=probe.keep)
+    old = traverse_util.flatten_dict(pretrained, sep="/")
+    for key, value in traverse_util.flatten_dict(moved, sep="/").items():
+        if not key.startswith("classifier/"):
+            np.testing.assert_array_equal(value, old[key], err_msg=key)
