@@ -107,11 +107,13 @@ class ProbeModel:
         """Classifier logits (B, num_labels) of a batch of `finetune_data.encode_examples`."""
         rngs = {} if rng is None else {"dropout": rng}
         if self.own_head:
+            # (a model without a token-type table, DeBERTa v3's and RoBERTa's, reads none)
+            types = batch["token_type_ids"] if self.config.type_vocab_size else None
             return Transformer(self.config).apply(
                 {"params": params},
                 batch["input_ids"],
                 attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"],
+                token_type_ids=types,
                 deterministic=deterministic,
                 rngs=rngs,
             )["classifier_logits"]

@@ -324,7 +324,7 @@ def test_deberta_fine_tunes_without_its_enhanced_mask_decoder():
     from lmsuite.models.config import DebertaOptions
 
     config = ModelConfig(**{**TINY, "heads": ("mlm",), "position_type": "deberta",
-                            "deberta": DebertaOptions(emd_layers=2)})  # fmt: skip
+                            "type_vocab_size": 0, "deberta": DebertaOptions(emd_layers=2)})  # fmt: skip
     pretrained = finetune.init_params(config, jax.random.PRNGKey(1))
     probe = probe_models.probe_for(config, num_labels=3)
     assert probe.config.emd_layers == 0 and probe.config.heads == ("classifier",)
@@ -333,3 +333,5 @@ def test_deberta_fine_tunes_without_its_enhanced_mask_decoder():
     for key, value in traverse_util.flatten_dict(moved, sep="/").items():
         if not key.startswith("classifier/"):
             np.testing.assert_array_equal(value, old[key], err_msg=key)
+    rows = finetune_data.encode_examples(zebra_examples(4, 0), vocab=vocab(), max_length=16)
+    assert probe.logits(moved, rows).shape == (4, 3)  # no token-type table: none read
