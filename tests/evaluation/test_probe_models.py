@@ -323,8 +323,9 @@ def test_deberta_fine_tunes_without_its_enhanced_mask_decoder():
 
     from lmsuite.models.config import DebertaOptions
 
+    options = DebertaOptions(emd_layers=2)
     config = ModelConfig(**{**TINY, "heads": ("mlm",), "position_type": "deberta",
-                            "type_vocab_size": 0, "deberta": DebertaOptions(emd_layers=2)})  # fmt: skip
+                            "type_vocab_size": 0, "deberta": options})  # fmt: skip
     pretrained = finetune.init_params(config, jax.random.PRNGKey(1))
     probe = probe_models.probe_for(config, num_labels=3)
     assert probe.config.emd_layers == 0 and probe.config.heads == ("classifier",)
