@@ -153,8 +153,9 @@ def parse_settings(args) -> tuple[Protocol, tuple[str, ...], tuple[float, ...], 
     return protocol, experiments, budgets, args.seeds
 
 
-def check_protocol(out_dir: str, protocol: Protocol) -> None:
-    """Writes DIR/study.json, or checks that the study already there has `protocol`.
+def check_protocol(out_dir: str, protocol: Protocol, *, write: bool = True) -> None:
+    """Checks that the study already in `out_dir` (if any) has `protocol`; with `write`, writes
+    DIR/study.json for a new one.
 
     Raises:
       ConfigError: naming each setting that differs from the study in `out_dir`.
@@ -174,8 +175,9 @@ def check_protocol(out_dir: str, protocol: Protocol) -> None:
                 differ + ["resume with the same settings, or give another --out"]
             )  # fmt: skip
         return
-    os.makedirs(out_dir, exist_ok=True)
-    _write_json(path, ours)
+    if write:
+        os.makedirs(out_dir, exist_ok=True)
+        _write_json(path, ours)
 
 
 def _write_json(path: str, value) -> None:
@@ -378,8 +380,9 @@ def run_study(args) -> list[dict]:
     from lmsuite.evaluation import study_report
 
     protocol, experiments, budgets, seeds = parse_settings(args)
-    check_protocol(args.out_dir, protocol)
+    check_protocol(args.out_dir, protocol, write=False)  # a mismatch is named at once
     planned = plan_study(experiments, budgets, protocol)
+    check_protocol(args.out_dir, protocol)  # written once every run is planned
     # Seed by seed, so that a study stopped early has every objective at every budget.
     per_seed = list(budgets) + ([] if args.no_scratch else [None])
     grid = [(e, b, s) for s in range(seeds) for b in per_seed for e in experiments]
