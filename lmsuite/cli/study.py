@@ -313,9 +313,11 @@ def run_one(
     protocol,
     progress: bool,
     planned: dict,
+    scratch_from: float | None = None,
 ) -> dict:
-    """One run of the study (budget None: the from-scratch baseline), its result.json written
-    last; a run that has one is read back, not redone."""
+    """One run of the study (budget None: the from-scratch baseline, with the config of the
+    `scratch_from` budget's run), its result.json written last; a run that has one is read
+    back, not redone."""
     from lmsuite.evaluation import probe_sweep
 
     label = SCRATCH if budget is None else budget_label(budget)
@@ -326,9 +328,14 @@ def run_one(
             return json.load(f)
     record = {"experiment": experiment, "budget": budget, "match": protocol.match, "seed": seed}
     if budget is None:
-        model = _scratch_source(experiment, run_dir, protocol, seed, planned["cost"])
-        source = model.pop("source")
-        record.update(model)
+        record.update(_scratch_record(planned["cost"]))
+        source = os.path.join(
+            out_dir, "runs", experiment, budget_label(scratch_from), f"seed{seed}"
+        )
+        with open(os.path.join(source, RESULT_FILE)) as f:  # (run before the baseline)
+            first = json.load(f)
+        record.update(recipe=first["recipe"], architecture=first["architecture"])
+        source = os.path.join(source, "pretrain")
     else:
         record.update(pretrain(experiment, seed, run_dir, planned, budget, protocol, progress))
         source = os.path.join(run_dir, "pretrain")
@@ -351,28 +358,17 @@ def run_one(
     return record
 
 
-def _scratch_source(experiment: str, run_dir: str, protocol, seed: int, cost) -> dict:
-    """The experiment's architecture and vocabulary with no training: a run directory
-    holding its step-0 checkpoint (the probes then start from random weights, `from_scratch`)."""
-    import lmsuite
-
-    model_dir = os.path.join(run_dir, "init")
-    bindings = list(protocol.bindings) + [
-        f"train.seed = {seed}", "TRAIN_STEPS = 1", "WARMUP_STEPS = 0", "CHECKPOINT_EVERY = 1",
-        "train.final_eval = False", "train.progress_bar = False",
-    ]  # fmt: skip
-    run = _experiment_run(experiment, model_dir, bindings)
-    lmsuite.train(run)  # one step, for a loadable run directory; its weights are not used
+def _scratch_record(cost) -> dict:
+    """The from-scratch baseline's record: the architecture's size, nothing spent. Its probes
+    take only the config and vocabulary of the same experiment and seed's first budget run
+    (`finetune_classifier(from_scratch=True)` initialises every weight from the seed)."""
     return {
-        "recipe": run.recipe.recipe.name,
-        "architecture": run.model.architecture,
         "params": cost.params,
         "flops_per_step": cost.flops,
         "tokens_per_step": cost.tokens,
         "steps": 0,
         "flops": 0.0,
         "tokens": 0,
-        "source": model_dir,
     }
 
 
@@ -393,7 +389,7 @@ def run_study(args) -> list[dict]:
         started = time.perf_counter()
         record = run_one(
             experiment, budget, seed, args.out_dir, protocol, progress=not args.no_progress,
-            planned=planned[experiment],
+            planned=planned[experiment], scratch_from=budgets[0],
         )  # fmt: skip
         results.append(record)
         seconds = time.perf_counter() - started
