@@ -236,8 +236,8 @@ def write_report(out_dir: str, results: Sequence[dict], *, protocol: dict) -> st
         "# lmsuite study",
         "",
         f"Budgets matched in **{match}** (XLA's count of each experiment's own train step times "
-        f"its steps). Probes: {', '.join(probes)}, fine-tuned {protocol['probe_epochs']} "
-        f"epochs at batch {protocol['probe_batch_size']}, {protocol['probe_max_length']} "
+        f"its steps). Probes: {', '.join(probes)}, fine-tuned for "
+        f"{protocol['probe_epochs']} epoch(s) at batch {protocol['probe_batch_size']}, {protocol['probe_max_length']} "
         f"tokens, learning rate chosen from {rates} on a dev split of each probe's train split "
         "(the same rows for every run), accuracy reported on the probe's held-out split."
         + (
