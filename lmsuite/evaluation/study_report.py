@@ -237,11 +237,12 @@ def write_report(out_dir: str, results: Sequence[dict], *, protocol: dict) -> st
         "",
         f"Budgets matched in **{match}** (XLA's count of each experiment's own train step times "
         f"its steps). Probes: {', '.join(probes)}, fine-tuned for "
-        f"{protocol['probe_epochs']} epoch(s) at batch {protocol['probe_batch_size']}, {protocol['probe_max_length']} "
-        f"tokens, learning rate chosen from {rates} on a dev split of each probe's train split "
-        "(the same rows for every run), accuracy reported on the probe's held-out split."
+        f"{protocol['probe_epochs']} epoch(s) at batch {protocol['probe_batch_size']}, "
+        f"{protocol['probe_max_length']} tokens, learning rate chosen from {rates} on a dev "
+        "split of each probe's train split (the same rows for every run), accuracy reported "
+        "on the probe's held-out split."
         + (
-            f" At most {protocol['probe_max_train']} fine-tuning examples (a toy budget)."
+            f" At most {protocol['probe_max_train']} fine-tuning examples per probe."
             if protocol.get("probe_max_train")
             else ""
         ),
