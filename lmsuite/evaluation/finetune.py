@@ -104,12 +104,31 @@ def make_optimizer(
     )
 
 
-def train_step(state, batch, rng, *, loss_fn, optimizer):
-    """One AdamW step on `loss_fn(params, batch, rng)`; state = (params, opt_state, step)."""
+def train_step(state, batch, rng, peak, *, loss_fn, optimizer):
+    """One AdamW step on `loss_fn(params, batch, rng)`; state = (params, opt_state, step).
+
+    `optimizer`'s schedule peaks at 1 and `peak` scales its updates: AdamW's update (decay
+    included) is linear in the learning rate, so this is the step at a schedule peaking at
+    `peak`, and one compiled step serves every rate of a sweep.
+    """
     params, opt_state, step = state
     loss, grads = jax.value_and_grad(loss_fn)(params, batch, jax.random.fold_in(rng, step))
     updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: peak * u, updates)
     return (optax.apply_updates(params, updates), opt_state, step + 1), loss
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled_step(loss_fn, total_steps: int, warmup_fraction: float):
+    """The jitted `train_step` with a unit-peak schedule, one per (loss, schedule shape): a
+    sweep over learning rates, and the runs of one architecture, compile it once."""
+    optimizer = make_optimizer(
+        learning_rate=1.0, total_steps=total_steps, warmup_fraction=warmup_fraction
+    )
+    step = jax.jit(
+        functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer), donate_argnums=0
+    )
+    return step, optimizer
 
 
 def batches(arrays: dict, *, batch_size: int, rng: np.random.Generator | None) -> Iterator[dict]:
@@ -175,14 +194,10 @@ def fit(
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs}, {batch_size}")
     n = len(next(iter(train.values())))
     steps_per_epoch = -(-n // batch_size)
-    optimizer = make_optimizer(
-        learning_rate=learning_rate,
-        total_steps=epochs * steps_per_epoch,
-        warmup_fraction=warmup_fraction,
-    )
-    step = jax.jit(
-        functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer), donate_argnums=0
-    )
+    if not 0 <= warmup_fraction < 1:
+        raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+    step, optimizer = _compiled_step(loss_fn, epochs * steps_per_epoch, warmup_fraction)
+    peak = jnp.float32(learning_rate)
     state = (params, optimizer.init(params), jnp.zeros([], jnp.int32))
     rng = jax.random.PRNGKey(seed)
     order = np.random.default_rng(seed)
@@ -191,7 +206,7 @@ def fit(
     for epoch in range(epochs):
         losses = []
         for batch in batches(train, batch_size=batch_size, rng=order):
-            state, loss = step(state, batch, rng)
+            state, loss = step(state, batch, rng, peak)
             losses.append(loss)
             bar.update(1)
         row = {"epoch": epoch + 1, "train_loss": float(np.mean(jax.device_get(losses)))}
@@ -215,6 +230,7 @@ def classifier_model(config: ModelConfig, *, num_labels: int, dropout_rate=None)
     return probe.config
 
 
+@functools.lru_cache(maxsize=32)  # one function per probe: its compiled step is reused
 def _classifier_loss(probe: probe_models.ProbeModel):
     def loss_fn(params, batch, rng):
         logits = probe.logits(params, batch, deterministic=False, rng=rng)

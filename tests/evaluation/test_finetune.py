@@ -5,6 +5,8 @@ embedded probes."""
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -272,3 +274,43 @@ def test_the_pretrain_run_fine_tunes_on_trec_questions():
     )
     metrics = result.metrics
     assert metrics["validation_accuracy"] > metrics["majority_class_share"] + 0.3, metrics
+
+
+def _squares_loss(params, batch, rng):
+    del rng
+    residual = batch["x"] @ params["w"] - batch["y"]
+    return jnp.sum(residual**2 * batch["weights"]) / jnp.sum(batch["weights"])
+
+
+def test_one_compiled_step_serves_every_learning_rate_of_a_sweep():
+    """fit scales a unit-peak schedule's updates by the rate: the same parameters as AdamW
+    under a schedule peaking at that rate, from one compilation for every rate."""
+    import optax
+
+    rng = np.random.default_rng(0)
+    train = {"x": rng.normal(size=(40, 3)).astype(np.float32),
+             "y": rng.normal(size=40).astype(np.float32)}  # fmt: skip
+    start = {"w": jnp.asarray([0.5, -0.2, 0.1])}
+    settings = dict(epochs=2, batch_size=8, warmup_fraction=0.25, seed=0, progress=False)
+    before = finetune._compiled_step.cache_info()
+    results = {}
+    for rate in (0.1, 0.03):
+        copy = {"w": jnp.array(start["w"])}  # (fit donates the parameters it is given)
+        results[rate], _ = finetune.fit(
+            params=copy, loss_fn=_squares_loss, train=train, evaluate=lambda p: {},
+            learning_rate=rate, **settings,
+        )  # fmt: skip
+    after = finetune._compiled_step.cache_info()
+    assert after.misses - before.misses <= 1 and after.hits - before.hits >= 1
+
+    # the same steps with the rate inside the schedule (the AdamW fine-tuning recipe as such)
+    optimizer = finetune.make_optimizer(learning_rate=0.03, total_steps=10, warmup_fraction=0.25)
+    params, state = dict(start), optimizer.init(start)
+    order = np.random.default_rng(0)
+    for _ in range(2):
+        for batch in finetune.batches(train, batch_size=8, rng=order):
+            grads = jax.grad(_squares_loss)(params, batch, None)
+            updates, state = optimizer.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(results[0.03]["w"], params["w"], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(results[0.1]["w"], params["w"], atol=1e-3)
