@@ -220,7 +220,12 @@ def test_each_family_learns_the_zebra_probe_and_scores_test(name):
     assert metrics["test_accuracy"] == float(np.mean(np.argmax(logits, -1) == labels))
 
 
-@pytest.mark.parametrize("name", ["encoder_decoder", "xlnet", "prefix_lm", "transformer_xl"])
+@pytest.mark.parametrize(
+    "name",
+    # (the fast suite keeps one family; each takes about 10 s)
+    ["encoder_decoder"] + [pytest.param(n, marks=pytest.mark.slow)
+                           for n in ("xlnet", "prefix_lm", "transformer_xl")],
+)  # fmt: skip
 def test_from_scratch_takes_nothing_from_the_model(name):
     loaded = tiny_model(name, seed=7)
     examples = zebra_examples(16, 6)

@@ -38,7 +38,11 @@ def test_the_count_is_the_one_the_training_loop_reports(tmp_path, monkeypatch):
     assert seen and seen[0] == expected.flops
 
 
-@pytest.mark.parametrize("experiment", ["bert_tiny", "electra_tiny", "xlnet_tiny"])
+@pytest.mark.parametrize(
+    "experiment",
+    ["bert_tiny"]
+    + [pytest.param(e, marks=pytest.mark.slow) for e in ("electra_tiny", "xlnet_tiny")],
+)
 def test_flops_and_tokens_grow_with_the_batch(tmp_path, experiment):
     one = step_cost(_run(tmp_path, experiment, BATCH_SIZE=4))
     two = step_cost(_run(tmp_path, experiment, BATCH_SIZE=8))
