@@ -281,7 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_train(args):
     run, result = _train(args)
-    print(summary_text(run, result))
+    print(pretrain_report.summary_text(run, result))
     return result
 
 
@@ -329,40 +329,6 @@ def _train(args):
         raise ConfigError(error.problems) from error
 
 
-def _metric_line(metrics: dict, keys) -> str:
-    return "  ".join(f"{k.removeprefix('eval/')} {metrics[k]:.4f}" for k in keys if k in metrics)
-
-
-def summary_text(run, result) -> str:
-    """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
-    from lmsuite.training import recipes
-
-    recipe = run.recipe.recipe
-    metric_keys = ["loss", *recipes.build(run.recipe, model_config=run.model).objective.metrics]
-    train = result.train_metrics
-    lines = [
-        f"lmsuite train: step {result.step} of {run.trainer.train_steps} on {run.data.task!r} "
-        f"with recipe {recipe.name!r}",
-        f"  final train:  {_metric_line(train, metric_keys)}"
-        + (f"  ({train['tokens_per_sec']:.0f} tokens/s)" if "tokens_per_sec" in train else ""),
-    ]
-    held_out = result.eval_metrics
-    if held_out:
-        eval_keys = [f"eval/{k}" for k in metric_keys]
-        lines.append(f"  held-out ({run.data.eval_split}):  {_metric_line(held_out, eval_keys)}")
-    else:
-        lines.append("  held-out: no evaluation ran (train.final_eval = False)")
-    model_dir = Path(result.model_dir) if "://" not in result.model_dir else result.model_dir
-    steps = ", ".join(map(str, result.checkpoints)) or "none"
-    lines += [
-        f"  checkpoints:  {model_dir}/checkpoints (steps {steps})",
-        f"  metrics:      {model_dir}/metrics.jsonl",
-        f"  tensorboard:  tensorboard --logdir {model_dir}/tensorboard",
-        f"  config:       {model_dir}/config.gin",
-    ]
-    return "\n".join(lines)
-
-
 UNIGRAM_BATCHES = 1000  # train batches the unigram baseline counts at most
 
 
@@ -370,7 +336,7 @@ def run_pretrain(args):
     from lmsuite.training import metrics, recipes, report
 
     run, result = _train(args)
-    print(summary_text(run, result))
+    print(pretrain_report.summary_text(run, result))
     built = recipes.build(run.recipe, model_config=run.model)
     held_out = run.data.eval_dataset(built)  # the batches the run's evaluation read
     targets, weights = built.objective.prediction_features

@@ -1,7 +1,9 @@
-"""What `lmsuite pretrain` prints after training: fill-mask predictions of the finished model on
-a few held-out sentences, so the accuracy figure reads as text."""
+"""What `lmsuite train` and `lmsuite pretrain` print after training: the run's summary (steps,
+metrics, artefacts) and fill-mask predictions of the finished model on a few held-out sentences,
+so the accuracy figure reads as text."""
 
 import re
+from pathlib import Path
 
 FILL_MASK_SENTENCES = 3  # held-out sentences `lmsuite pretrain` fills in
 FILL_MASK_TOP_K = 3
@@ -166,4 +168,38 @@ def stage_text(model_dir) -> str:
             f"{change.before:.4f}; lowest after: {change.lowest_after:.4f} "
             f"(fall {change.fall:+.4f})"
         )
+    return "\n".join(lines)
+
+
+def _metric_line(metrics: dict, keys) -> str:
+    return "  ".join(f"{k.removeprefix('eval/')} {metrics[k]:.4f}" for k in keys if k in metrics)
+
+
+def summary_text(run, result) -> str:
+    """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
+    from lmsuite.training import recipes
+
+    recipe = run.recipe.recipe
+    metric_keys = ["loss", *recipes.build(run.recipe, model_config=run.model).objective.metrics]
+    train = result.train_metrics
+    lines = [
+        f"lmsuite train: step {result.step} of {run.trainer.train_steps} on {run.data.task!r} "
+        f"with recipe {recipe.name!r}",
+        f"  final train:  {_metric_line(train, metric_keys)}"
+        + (f"  ({train['tokens_per_sec']:.0f} tokens/s)" if "tokens_per_sec" in train else ""),
+    ]
+    held_out = result.eval_metrics
+    if held_out:
+        eval_keys = [f"eval/{k}" for k in metric_keys]
+        lines.append(f"  held-out ({run.data.eval_split}):  {_metric_line(held_out, eval_keys)}")
+    else:
+        lines.append("  held-out: no evaluation ran (train.final_eval = False)")
+    model_dir = Path(result.model_dir) if "://" not in result.model_dir else result.model_dir
+    steps = ", ".join(map(str, result.checkpoints)) or "none"
+    lines += [
+        f"  checkpoints:  {model_dir}/checkpoints (steps {steps})",
+        f"  metrics:      {model_dir}/metrics.jsonl",
+        f"  tensorboard:  tensorboard --logdir {model_dir}/tensorboard",
+        f"  config:       {model_dir}/config.gin",
+    ]
     return "\n".join(lines)
