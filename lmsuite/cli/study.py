@@ -269,6 +269,7 @@ def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: fl
              progress: bool) -> dict:  # fmt: skip
     """Pretrains one run of the study (resuming its checkpoints) and returns its record."""
     import lmsuite
+    from lmsuite.models import families
     from lmsuite.training import metrics, recipes
 
     model_dir = os.path.join(run_dir, "pretrain")
@@ -294,7 +295,7 @@ def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: fl
     built = recipes.build(run.recipe, model_config=run.model)
     return {
         "recipe": run.recipe.recipe.name,
-        "architecture": run.model.architecture,
+        "architecture": families.family(run.model).name,
         "params": cost.params,
         "flops_per_step": cost.flops,
         "tokens_per_step": cost.tokens,

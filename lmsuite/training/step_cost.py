@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from lmsuite import partitioning
 from lmsuite.data import mixtures
-from lmsuite.models import Transformer
+from lmsuite.models import Transformer, families
 from lmsuite.training import aot, recipes, report
 from lmsuite.training.train_config import TrainConfig
 
@@ -76,7 +76,7 @@ def step_cost(config: TrainConfig) -> StepCost:
     flops = report.lowered_flops(lowered)
     if flops is None:
         raise ValueError(
-            f"XLA gives no FLOP count for {config.model.architecture!r}'s train step on "
+            f"XLA gives no FLOP count for {families.describe(config.model)}'s train step on "
             f"{jax.devices('cpu')[0].platform}; a FLOPs budget needs one"
         )
     tokens = built.objective.num_tokens({k: jnp.ones(v.shape, v.dtype) for k, v in batch.items()})

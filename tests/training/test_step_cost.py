@@ -9,7 +9,7 @@ from lmsuite.training.step_cost import step_cost
 SMALL = {
     "TRAIN_STEPS": 1,
     "WARMUP_STEPS": 0,
-    "BATCH_SIZE": 4,
+    "BATCH_SIZE": 8,  # (the test suite forces 8 CPU devices)
     "train.eval_batches": 1,
     "train.final_eval": False,
     "train.progress_bar": False,
@@ -44,8 +44,8 @@ def test_the_count_is_the_one_the_training_loop_reports(tmp_path, monkeypatch):
     + [pytest.param(e, marks=pytest.mark.slow) for e in ("electra_tiny", "xlnet_tiny")],
 )
 def test_flops_and_tokens_grow_with_the_batch(tmp_path, experiment):
-    one = step_cost(_run(tmp_path, experiment, BATCH_SIZE=4))
-    two = step_cost(_run(tmp_path, experiment, BATCH_SIZE=8))
+    one = step_cost(_run(tmp_path, experiment, BATCH_SIZE=8))
+    two = step_cost(_run(tmp_path, experiment, BATCH_SIZE=16))
     assert two.tokens == 2 * one.tokens
     assert two.params == one.params
     # the optimizer update does not grow with the batch: a little under twice
