@@ -37,7 +37,7 @@ from step_protocol import (  # noqa: E402
 
 from lmsuite import cli  # noqa: E402
 from lmsuite.models import Transformer, summary  # noqa: E402
-from lmsuite.models.config import ElectraOptions  # noqa: E402
+from lmsuite.models.option_groups import ElectraOptions  # noqa: E402
 from lmsuite.objectives import mlm  # noqa: E402
 from lmsuite.objectives.electra import electra  # noqa: E402
 from lmsuite.training import optimizers  # noqa: E402

@@ -79,7 +79,8 @@ def _collect_train_args(**kwargs):
 def register_configurables() -> None:
     """Makes the library functions configurable under stable gin names (idempotent)."""
     from lmsuite.models import ModelConfig, XLNetOptions
-    from lmsuite.models.config import DebertaOptions, ElectraOptions, LabelHead, TupeOptions
+    from lmsuite.models.config import LabelHead
+    from lmsuite.models.option_groups import DebertaOptions, ElectraOptions, TupeOptions
     from lmsuite.training import recipes
     from lmsuite.training.train_config import OptimizerConfig, ScheduleConfig
 

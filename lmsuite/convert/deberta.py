@@ -31,7 +31,7 @@ from lmsuite.convert import common
 from lmsuite.convert.common import heads_bias, heads_in, heads_out, linear_in, take
 from lmsuite.layers.dense import default_kernel_init
 from lmsuite.models import ModelConfig
-from lmsuite.models.config import DebertaOptions
+from lmsuite.models.option_groups import DebertaOptions
 
 V1 = "DebertaForMaskedLM"
 V2 = "DebertaV2ForMaskedLM"

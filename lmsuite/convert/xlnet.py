@@ -19,7 +19,7 @@ import numpy as np
 from lmsuite.convert import common
 from lmsuite.convert.common import linear_in, take
 from lmsuite.models import ModelConfig
-from lmsuite.models.config import XLNET_ATTENTION_TYPES, XLNetOptions
+from lmsuite.models.option_groups import XLNET_ATTENTION_TYPES, XLNetOptions
 
 CLASSES = ("XLNetLMHeadModel",)
 _BIASES = (

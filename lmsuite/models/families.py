@@ -26,11 +26,12 @@ import numpy as np
 
 from lmsuite.models import inputs as model_inputs
 from lmsuite.models import stack, two_stream
-from lmsuite.models.config import ModelConfig, XLNetOptions
+from lmsuite.models.config import ModelConfig
 from lmsuite.models.decoder import DecoderModel, PrefixLMModel
 from lmsuite.models.electra import ElectraPretrainer
 from lmsuite.models.encoder import EncoderModel
 from lmsuite.models.encoder_decoder import EncoderDecoderModel
+from lmsuite.models.option_groups import XLNetOptions
 from lmsuite.models.two_stream import TransformerXL, TwoStreamTransformer
 
 

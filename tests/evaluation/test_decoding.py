@@ -20,8 +20,8 @@ from scipy import stats
 import lmsuite.convert as convert
 from lmsuite.evaluation.decoding import Plan, generate, warp
 from lmsuite.models import ModelConfig, Transformer
-from lmsuite.models.config import XLNetOptions
 from lmsuite.models.families import init_cache
+from lmsuite.models.option_groups import XLNetOptions
 from tests.convert.perturb import perturb
 
 MAX_NEW = 12

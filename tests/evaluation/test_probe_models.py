@@ -14,7 +14,7 @@ from lmsuite.evaluation import finetune, finetune_data, probe_models
 from lmsuite.evaluation.handle import LoadedModel, NativeForward
 from lmsuite.evaluation.tokenizer_export import TokenizersText
 from lmsuite.models import ModelConfig, Transformer, families
-from lmsuite.models.config import ElectraOptions, XLNetOptions
+from lmsuite.models.option_groups import ElectraOptions, XLNetOptions
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<s>", "</s>"]
 WORDS = "zebra the a cat dog sat ran on in mat park big red old tree house".split()
@@ -326,7 +326,7 @@ def test_deberta_fine_tunes_without_its_enhanced_mask_decoder():
     encoder parameter comes from the checkpoint."""
     from flax import traverse_util
 
-    from lmsuite.models.config import DebertaOptions
+    from lmsuite.models.option_groups import DebertaOptions
 
     options = DebertaOptions(emd_layers=2)
     config = ModelConfig(**{**TINY, "heads": ("mlm",), "position_type": "deberta",

@@ -12,7 +12,8 @@ from flax import traverse_util
 
 from lmsuite import cli, partitioning
 from lmsuite.models import Transformer, electra, summary
-from lmsuite.models.config import ElectraOptions, ModelConfig
+from lmsuite.models.config import ModelConfig
+from lmsuite.models.option_groups import ElectraOptions
 from lmsuite.objectives.electra import electra as electra_loss
 from lmsuite.training import step
 from lmsuite.training.train_state import create_sharded_state

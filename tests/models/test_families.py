@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lmsuite.models import ModelConfig, XLNetOptions, families
-from lmsuite.models.config import ElectraOptions
+from lmsuite.models.option_groups import ElectraOptions
 
 ROOT = pathlib.Path(__file__).parents[2] / "lmsuite"
 TINY = dict(vocab_size=40, d_model=16, num_heads=2, d_ff=32, num_layers=2, max_length=16)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lmsuite.models import ModelConfig, Transformer
-from lmsuite.models.config import XLNetOptions
+from lmsuite.models.option_groups import XLNetOptions
 from lmsuite.models.two_stream import TransformerXL, TwoStreamAttention
 from tests.models.test_two_stream import VOCAB, D, _assert_dependencies, _ids, _token_jacobian
 

@@ -16,7 +16,7 @@ import transformers
 from lmsuite.convert import xlnet as xlnet_family
 from lmsuite.layers.embedding import Embed
 from lmsuite.models import ModelConfig, Transformer
-from lmsuite.models.config import XLNetOptions
+from lmsuite.models.option_groups import XLNetOptions
 from lmsuite.models.summary import summarize
 
 VOCAB, D, L, BATCH = 37, 16, 7, 2
