@@ -82,7 +82,7 @@ def register_configurables() -> None:
     from lmsuite.models.config import LabelHead
     from lmsuite.models.option_groups import DebertaOptions, ElectraOptions, TupeOptions
     from lmsuite.training import recipes
-    from lmsuite.training.train_config import OptimizerConfig, ScheduleConfig
+    from lmsuite.training.optimizer_config import OptimizerConfig, ScheduleConfig
 
     # Converters and losses are not configurable on their own: a recipe pairs them
     # (lmsuite/training/recipes.py), and make_recipe takes the options.

@@ -21,28 +21,23 @@ Built in Python or by gin (`lmsuite.cli` maps the `train.*` bindings and macros 
 `validate()` checks every group's values and the run as a whole (`preflight.check_run`: task,
 data, recipe, model, vocabulary, mesh) and raises one `InvalidRunError` listing every problem;
 it runs once per config (a frozen config cannot change after it passed).
+
+The optimizer group is defined in `optimizer_config`; `OptimizerConfig` and `ScheduleConfig`
+are importable from here too, so that a run is written with one import, as above.
 """
 
 import dataclasses
 import importlib
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import optax
 
 from lmsuite import partitioning
 from lmsuite.data import mixtures
 from lmsuite.data import stages as stages_lib
 from lmsuite.models import ModelConfig
-from lmsuite.training import (
-    checkpointing,
-    input_pipeline,
-    optimizers,
-    preflight,
-    recipes,
-    schedules,
-)
+from lmsuite.training import checkpointing, input_pipeline, preflight, recipes
+from lmsuite.training.config_group import Group, finite_rate, is_count, positive_int
+from lmsuite.training.optimizer_config import OptimizerConfig, ScheduleConfig
 
 # `DataConfig.data_change`: how a resume's data position follows a changed batch, task or
 # lengths (`resume_checks`): "rescale" (the batch size only) keeps the examples consumed,
@@ -58,25 +53,6 @@ class InvalidRunError(ValueError):
         self.problems, self.warnings = list(problems), list(warnings)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"this run cannot start:\n{lines}")
-
-
-def _positive(problems: list[str], where: str, value: Any, *, zero: bool = False) -> None:
-    """Adds a problem unless `value` is an int >= 1 (>= 0 with `zero`)."""
-    least = 0 if zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        problems.append(f"{where} must be an integer >= {least}, got {value!r}")
-
-
-def _is_count(value: Any, least: int = 1) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def _rate(problems: list[str], where: str, value: Any, *, zero: bool = False) -> None:
-    """Adds a problem unless `value` is a finite number > 0 (>= 0 with `zero`)."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        least = ">= 0" if zero else "> 0"
-        problems.append(f"{where} must be a finite number {least}, got {value!r}")
 
 
 def _mesh_problems(mesh_shape: Any) -> list[str]:
@@ -95,107 +71,8 @@ def _mesh_problems(mesh_shape: Any) -> list[str]:
     return []
 
 
-class _Group:
-    def replace(self, **changes):
-        """A copy with `changes` (dataclasses.replace)."""
-        return dataclasses.replace(self, **changes)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ScheduleConfig(_Group):
-    """A learning-rate schedule (`schedules.make_schedule`); `total_steps=None` means the run's
-    `trainer.train_steps`. Its settings are checked when it is made."""
-
-    name: str = "linear"
-    peak_value: float
-    warmup_steps: int = 0
-    total_steps: int | None = None
-    end_value: float = 0.0
-    tf_bert_jump: bool = False
-
-    def __post_init__(self):
-        if self.name not in schedules.SCHEDULES:
-            raise ValueError(
-                f"schedule name must be one of {schedules.SCHEDULES}, got {self.name!r}"
-            )
-        problems = self.problems()
-        if problems:  # made with a bad value: nothing downstream should see it
-            raise ValueError("; ".join(problems))
-        if _is_count(self.total_steps):  # (not an integer: TrainConfig.check names it once)
-            self.build(train_steps=self.total_steps)  # the schedule's own checks
-
-    def problems(self) -> list[str]:
-        """Its values: a finite positive peak rate (LEARNING_RATE), whole warmup steps."""
-        out: list[str] = []
-        _rate(out, "the learning rate (make_schedule.peak_value, LEARNING_RATE)", self.peak_value)
-        _rate(out, "make_schedule.end_value", self.end_value, zero=True)
-        _positive(out, "make_schedule.warmup_steps (WARMUP_STEPS)", self.warmup_steps, zero=True)
-        return out
-
-    def build(self, *, train_steps: int) -> optax.Schedule:
-        total = train_steps if self.total_steps is None else self.total_steps
-        return schedules.make_schedule(
-            name=self.name,
-            peak_value=self.peak_value,
-            warmup_steps=self.warmup_steps,
-            total_steps=total,
-            end_value=self.end_value,
-            tf_bert_jump=self.tf_bert_jump,
-        )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimizerConfig(_Group):
-    """An optimizer (`optimizers.make_optimizer`'s settings): a constant `learning_rate` or a
-    `ScheduleConfig`, which is also the rate the step logs."""
-
-    name: str = "adamw"
-    learning_rate: ScheduleConfig | float
-    clip_norm: float | None = 1.0
-    weight_decay: float = 0.01
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-6
-    bias_correction: bool | None = None
-
-    def __post_init__(self):
-        if self.name not in optimizers.OPTIMIZERS:
-            raise ValueError(
-                f"optimizer name must be one of {optimizers.OPTIMIZERS}, got {self.name!r}"
-            )
-        if self.clip_norm is not None and self.clip_norm <= 0:
-            raise ValueError(f"clip_norm must be positive or None, got {self.clip_norm}")
-        problems: list[str] = []
-        if not isinstance(self.learning_rate, ScheduleConfig):  # (a schedule checks its own)
-            # a negative rate would train by gradient ascent
-            _rate(problems, "optimizer.learning_rate (or a ScheduleConfig)", self.learning_rate)
-        _rate(problems, "make_optimizer.weight_decay (WEIGHT_DECAY)", self.weight_decay, zero=True)
-        _rate(problems, "make_optimizer.eps", self.eps, zero=True)
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    def build(self, *, train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-        """(the optimizer, its learning-rate schedule)."""
-        rate = self.learning_rate
-        if isinstance(rate, ScheduleConfig):
-            rate = schedule = rate.build(train_steps=train_steps)
-        else:
-            schedule = optax.constant_schedule(rate)
-        tx = optimizers.make_optimizer(
-            name=self.name,
-            learning_rate=rate,
-            clip_norm=self.clip_norm,
-            weight_decay=self.weight_decay,
-            b1=self.b1,
-            b2=self.b2,
-            eps=self.eps,
-            bias_correction=self.bias_correction,
-        )
-        return tx, schedule
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig(_Group):
+class DataConfig(Group):
     """What the run reads: the SeqIO task or mixture, its feature lengths, the global batch,
     the held-out batches evaluation reads, and the input pipeline's threads.
 
@@ -240,11 +117,11 @@ class DataConfig(_Group):
             )
         else:
             for key, length in self.sequence_length.items():
-                _positive(out, f"data.sequence_length[{key!r}]", length)
-        _positive(out, "data.batch_size", self.batch_size)
-        _positive(out, "data.eval_batches", self.eval_batches)
+                positive_int(out, f"data.sequence_length[{key!r}]", length)
+        positive_int(out, "data.batch_size", self.batch_size)
+        positive_int(out, "data.eval_batches", self.eval_batches)
         if self.input_threads is not None:
-            _positive(out, "data.input_threads", self.input_threads)
+            positive_int(out, "data.input_threads", self.input_threads)
         if self.input_sharding not in input_pipeline.INPUT_SHARDINGS:
             out.append(
                 f"data.input_sharding must be one of {input_pipeline.INPUT_SHARDINGS}, got "
@@ -315,7 +192,7 @@ PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainerConfig(_Group):
+class TrainerConfig(Group):
     """How the loop runs: `train_steps` optimizer updates from `seed` (data order, initial
     parameters, dropout) on a (data, fsdp, tensor) `mesh_shape` with `rules`.
 
@@ -355,10 +232,10 @@ class TrainerConfig(_Group):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             out.append(f"trainer.seed must be an integer, got {self.seed!r}")
         if self.peak_flops_per_device is not None:
-            _rate(out, "trainer.peak_flops_per_device", self.peak_flops_per_device)
-        _positive(out, "trainer.num_microbatches", self.num_microbatches)
-        _positive(out, "trainer.log_every", self.log_every)
-        _positive(out, "trainer.eval_every", self.eval_every, zero=True)
+            finite_rate(out, "trainer.peak_flops_per_device", self.peak_flops_per_device)
+        positive_int(out, "trainer.num_microbatches", self.num_microbatches)
+        positive_int(out, "trainer.log_every", self.log_every)
+        positive_int(out, "trainer.eval_every", self.eval_every, zero=True)
         if self.prng_impl not in PRNG_IMPLS:
             out.append(
                 f"trainer.prng_impl must be one of {', '.join(map(repr, PRNG_IMPLS))}, "
@@ -368,7 +245,7 @@ class TrainerConfig(_Group):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig(_Group):
+class CheckpointConfig(Group):
     """Where the run lives (local or gs://: checkpoints, run.json, metrics) and its checkpoints:
     one every `every` steps (and at the end), the newest `keep` kept; `nice` is the checkpoint
     threads' priority (None: `checkpointing.default_checkpoint_nice()`)."""
@@ -390,13 +267,13 @@ class CheckpointConfig(_Group):
                 checkpointing.run_directory(self.model_dir, flag="checkpointing.model_dir")
             except ValueError as error:  # an existing regular file
                 out.append(str(error))
-        _positive(out, "checkpointing.every", self.every)
-        _positive(out, "checkpointing.keep", self.keep)
+        positive_int(out, "checkpointing.every", self.every)
+        positive_int(out, "checkpointing.keep", self.keep)
         return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(_Group):
+class TrainConfig(Group):
     """A whole run (see the module docstring). `recipe` may be given by name.
 
     `operative_config` is the text of the configuration it was built from, if any (gin's
@@ -440,14 +317,14 @@ class TrainConfig(_Group):
             *self.checkpointing.problems(),
         ]
         rate, steps = self.optimizer.learning_rate, self.trainer.train_steps
-        if isinstance(rate, ScheduleConfig) and rate.total_steps is None and _is_count(steps):
+        if isinstance(rate, ScheduleConfig) and rate.total_steps is None and is_count(steps):
             try:  # the schedule spans the run: its checks need train_steps
                 rate.build(train_steps=steps)
             except ValueError as error:
                 problems.append(f"optimizer.learning_rate over trainer.train_steps: {error}")
         elif isinstance(rate, ScheduleConfig) and rate.total_steps != steps:
             # (the same value as train_steps, TRAIN_STEPS in the gin files: named once, below)
-            _positive(problems, "make_schedule.total_steps", rate.total_steps)
+            positive_int(problems, "make_schedule.total_steps", rate.total_steps)
         for module in self.data.task_modules:
             try:
                 importlib.import_module(module)
