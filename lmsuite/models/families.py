@@ -25,7 +25,7 @@ import flax.linen as nn
 import numpy as np
 
 from lmsuite.models import inputs as model_inputs
-from lmsuite.models import stack, two_stream
+from lmsuite.models import segment_recurrence, stack, two_stream
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.decoder import DecoderModel, PrefixLMModel
 from lmsuite.models.electra import ElectraPretrainer
@@ -204,7 +204,7 @@ TRANSFORMER_XL = Family(
     scans=False,
     check=_check_transformer_xl,
 )
-# The families whose training state carries a memory (two_stream.memory_shapes).
+# The families whose training state carries a memory (segment_recurrence.memory_shapes).
 _WITH_MEMORY = (XLNET, TRANSFORMER_XL)
 
 FAMILIES = {
@@ -348,13 +348,13 @@ def validate_ids(config: ModelConfig, inputs: dict):
 
 def memory_shapes(config: ModelConfig, batch_size: int) -> tuple:
     """The memory an XLNet or Transformer-XL training state carries from step to step
-    (`two_stream.memory_shapes`); ValueError for any other family."""
+    (`segment_recurrence.memory_shapes`); ValueError for any other family."""
     if family(config) not in _WITH_MEMORY:
         raise ValueError(
             "only architecture='xlnet' or 'transformer_xl' carries memory between steps, got "
             f"{architecture_name(config)!r}"
         )
-    return two_stream.memory_shapes(config, batch_size)
+    return segment_recurrence.memory_shapes(config, batch_size)
 
 
 def decoding_architectures() -> tuple[str, ...]:

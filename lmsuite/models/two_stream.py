@@ -6,7 +6,8 @@ the tokens. The query stream g starts from one learned vector, `mask_emb`, at ea
 predicted positions named by `target_mapping`, and attends to the content stream without ever
 seeing its own token: that is what lets a permutation LM predict a token from its position alone.
 Both streams share every projection, norm and FFN of a layer; keys and values always come from
-the content stream, prefixed by the memory of the previous segment.
+the content stream, prefixed by the memory of the previous segment (the memory and the relative
+distances, which Transformer-XL's LM uses alone, are `segment_recurrence`'s).
 
 `perm_mask[b, i, j] = 1` blocks query i from key j (both streams, except that the content stream
 always sees itself). A query whose every key is blocked attends to all keys uniformly, as in
@@ -31,10 +32,10 @@ from lmsuite.layers.dense import DenseGeneral, default_kernel_init
 from lmsuite.layers.masks import causal_memory_mask
 from lmsuite.layers.mlp import MLP
 from lmsuite.layers.norm import make_norm
-from lmsuite.layers.positions import relative_sinusoids
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import make_token_embedder
 from lmsuite.models.heads import VocabHead
+from lmsuite.models.segment_recurrence import cache_memory, relative_positions, relative_shift
 from lmsuite.models.stack import rematted
 
 # Score shift of a blocked key. Float32 scores are O(10), far below the spacing of floats near
@@ -110,20 +111,6 @@ def validate_inputs(
 
 
 # ------------------------------------------------------------------------- attention
-def relative_shift(scores_BHLR, num_keys: int):
-    """Scores against relative distances -> scores against keys: out[..., i, j] =
-    scores[..., i, j + L - i]. With distances R listed from M down, entry r of row i is the
-    distance M - r, so out[i, j] pairs query i (at C + i) with distance C + i - j.
-
-    The reshape shifts row i left by L - i without a gather (Dai et al. 2019, appendix B).
-    Entries whose distance falls outside R (future keys under attn_type="uni") are garbage and
-    must be masked by the caller.
-    """
-    b, h, length, r = scores_BHLR.shape
-    shifted = scores_BHLR.reshape(b, h, r, length)[:, :, 1:, :].reshape(b, h, length, r - 1)
-    return shifted[..., :num_keys]
-
-
 def relative_bias_params(
     module: nn.Module, config: ModelConfig, *, segments: bool = True
 ) -> dict[str, jax.Array]:
@@ -324,55 +311,6 @@ def attention_masks(config: ModelConfig, length: int, memory: int, *, attention_
     itself_11LM = jnp.arange(memory + length)[None, :] == memory + jnp.arange(length)[:, None]
     content_blocked = query_blocked & ~itself_11LM[None, None]
     return ~content_blocked, ~query_blocked
-
-
-def relative_positions(config: ModelConfig, length: int, num_keys: int) -> tuple[jax.Array, ...]:
-    """The (R, D) encodings of the distances a query can have to a key, listed from M down:
-    bi: M .. -L + 1 (R = M + L); uni: M .. 0 (R = M + 1), clamped to +-clamp_len. Under bi_data
-    a second table holds the negated distances for the backward half of the batch."""
-    opts = config.xlnet
-    end = -length if opts.attn_type == "bi" else -1
-    distances_R = jnp.arange(num_keys, end, -1, dtype=jnp.float32)
-    if opts.clamp_len > 0:
-        distances_R = jnp.clip(distances_R, -opts.clamp_len, opts.clamp_len)
-    tables = [relative_sinusoids(distances_R, config.d_model)]
-    if opts.bi_data:
-        tables.append(relative_sinusoids(-distances_R, config.d_model))
-    return tuple(tables)
-
-
-def cache_memory(config: ModelConfig, h_BLD, mem_BCD):
-    """The next segment's memory of one layer: the last mem_len states of concat(memory, the
-    first reuse_len positions of this layer's input), with no gradient.
-
-    E.g. mem_len=3, reuse_len=2, memory [a, b], input [c, d, e] -> [b, c, d].
-    """
-    opts = config.xlnet
-    current = h_BLD if opts.reuse_len is None else h_BLD[:, : opts.reuse_len]
-    states = current if mem_BCD is None else jnp.concatenate([mem_BCD, current], axis=1)
-    if opts.mem_len is not None:
-        states = states[:, -opts.mem_len :]
-    return jax.lax.stop_gradient(states)
-
-
-def memory_shapes(config: ModelConfig, batch_size: int) -> tuple[jax.ShapeDtypeStruct, ...]:
-    """The memory a training state carries from step to step: one (B, mem_len, D) array per
-    layer, in the compute dtype. With memory of that shape `new_mems` has it too, so the state
-    keeps one shape; the first step's memory is zeros, as the reference's `init_mems`.
-
-    Raises:
-      ValueError: no fixed `XLNetOptions.mem_len` (`families.memory_shapes` refuses other
-        families first).
-    """
-    if config.xlnet.mem_len is None:
-        raise ValueError(
-            "a training state needs a fixed memory: set XLNetOptions.mem_len (the reference "
-            "pretrains with 384 for seq_len 512), got None"
-        )
-    shape = (batch_size, config.xlnet.mem_len, config.d_model)
-    return tuple(
-        jax.ShapeDtypeStruct(shape, config.compute_dtype) for _ in range(config.num_layers)
-    )
 
 
 class TwoStreamTransformer(nn.Module):
