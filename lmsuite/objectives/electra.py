@@ -17,7 +17,8 @@ METRICS = (
     "replaced_fraction",
     "sampled_accuracy",
 )
-# What the `electra` recipe row (lmsuite/training/recipes.py) does otherwise than the reference.
+# What the `electra` recipe row (lmsuite/training/encoder_recipes.py) does otherwise than the
+# reference.
 DIFFERENCES = (
     "masking (85% [MASK], 15% kept) happens in the SeqIO pipeline, not in the graph; the "
     "generator's heads and FFN scale with its width (the reference sets heads = D/64, F = 4D: "

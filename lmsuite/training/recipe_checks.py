@@ -1,5 +1,5 @@
-"""Row-specific checks and layouts of the recipe table (`recipes.py`): what one row needs beyond
-its features and architecture."""
+"""Row-specific checks and layouts of the `xlnet_plm` and `txl_lm` recipes (`decoder_recipes.py`):
+what each row needs beyond its features and architecture."""
 
 from collections.abc import Mapping
 

@@ -1,5 +1,5 @@
-"""Row-specific checks of the `unilm` and `structbert` recipes (`recipes.py`): what each needs of
-the model and the lengths beyond its features, architecture and heads."""
+"""Row-specific checks of the `unilm` and `structbert` recipes (`encoder_recipes.py`): what each
+needs of the model and the lengths beyond its features, architecture and heads."""
 
 from collections.abc import Mapping
 

@@ -8,7 +8,14 @@ import pytest
 
 from lmsuite import cli
 from lmsuite.data import mixtures, tasks
-from lmsuite.training import preflight, recipe_table, recipes
+from lmsuite.training import (
+    decoder_recipes,
+    encoder_recipes,
+    preflight,
+    recipe_table,
+    recipes,
+    seq2seq_recipes,
+)
 
 VOCAB = 8100  # the wiki_sample vocabulary: 8000 pieces + 100 sentinels
 TINY_MODELS = [
@@ -82,6 +89,18 @@ def test_every_task_objective_has_a_recipe_or_says_why_not():
     assert set(trained) | set(recipes.DATA_ONLY) == set(tasks.OBJECTIVES)
     assert not set(trained) & set(recipes.DATA_ONLY)
     assert all(d.reason for d in recipes.DATA_ONLY.values())
+
+
+def test_the_table_holds_every_row_of_the_family_modules_once():
+    """A row written in its family's module but not listed in `RECIPES` would train nowhere."""
+    rows = [
+        row
+        for module in (encoder_recipes, seq2seq_recipes, decoder_recipes)
+        for row in vars(module).values()
+        if isinstance(row, recipes.Recipe)
+    ]
+    assert len(rows) == len(recipes.RECIPES)
+    assert all(recipes.RECIPES[row.name] is row for row in rows)
 
 
 @pytest.mark.parametrize("name", list(recipes.RECIPES))
