@@ -79,6 +79,14 @@ AUXILIARY_NOT_LEARNT: dict[str, str] = {
     "learnt, not what tells unseen articles' sentences apart; 0.28-0.39 on Shakespeare "
     "(benchmarks/RESULTS.md)",
 }
+# Twins whose masked LM may stay on the unigram plateau (an expected failure, with the reason).
+MLM_PLATEAU: dict[str, str] = {
+    "unilm2_tiny": "UniLMv2 masks every predicted token with [M] (none kept, so nothing to "
+    "copy), and no all-[MASK] encoder of this size leaves the unigram plateau in 2,000 steps: "
+    "unilm2_tiny ends within 0.06 nats of the unigram in float32 and 0.02 in bfloat16, and "
+    "roberta_tiny with every prediction [MASK] 0.04 (learned or DeBERTa relative positions); "
+    "docs/research/encoder_twins.md",
+}
 # Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
 # trained before it began (the MLM trains in every stage), none of which may fall by more than
 # FORGETTING_MARGIN (absolute) at any evaluation after it began.
@@ -269,7 +277,12 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     got = _learned(out, "MLM")
-    assert got["cross_entropy"] < got["unigram"] and got["accuracy"] > got["majority"], out
+    mlm_learnt = got["cross_entropy"] < got["unigram"] and got["accuracy"] > got["majority"]
+    if name in MLM_PLATEAU and not mlm_learnt:
+        with capsys.disabled():
+            print(json.dumps({name: got}))
+        pytest.xfail(MLM_PLATEAU[name])
+    assert mlm_learnt, out
     labels = _label_results(out)
     recipe = recipes.get(json.loads((tmp_path / "run.json").read_text())["recipe"])
     assert len(labels) == len(recipe.objective.label_metrics), out
