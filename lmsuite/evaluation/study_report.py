@@ -146,9 +146,13 @@ def rankings(results: Sequence[dict], probes: Sequence[str], match: str) -> list
             tied = [
                 e for e in scores if e != leader and compare(scores[leader], scores[e]) == "tie"
             ]
+            if tied:
+                rest = f"tied with it: {', '.join(sorted(tied))}"
+            else:  # a study still running may have one objective at a budget
+                rest = "no tie" if len(scores) > 1 else "the only objective at this budget so far"
             lines.append(
-                f"- {_budget_text(budget, match)}, {probe}: best {leader} ({_cell(scores[leader])})"
-                + (f"; tied with it: {', '.join(sorted(tied))}" if tied else "; no tie")
+                f"- {_budget_text(budget, match)}, {probe}: best {leader} "
+                f"({_cell(scores[leader])}); {rest}"
             )
     return lines
 

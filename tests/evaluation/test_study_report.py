@@ -58,6 +58,28 @@ def test_claims_are_reproduced_tied_not_reproduced_or_not_judged():
     assert "i.i.d. denoising >= prefix LM: not judged (the study has no t5_prefix_lm_tiny)" in lines
 
 
+def test_rankings_name_the_leader_its_ties_or_that_it_ran_alone():
+    results = []
+    for seed in range(3):
+        results += [
+            _run("electra_tiny", 1e12, seed, trec=0.70 + 0.01 * seed),
+            _run("bert_tiny", 1e12, seed, trec=0.68 + 0.02 * seed),  # overlaps electra's range
+            _run("spanbert_tiny", 1e12, seed, trec=0.40 + 0.01 * seed),
+            _run("bert_tiny", 4e12, seed, trec=0.60),  # a study stopped during its 4F runs
+        ]
+    lines = study_report.rankings(results, ["trec_questions"], "flops")
+    assert lines == [
+        "- 1e+12 flops, trec_questions: best electra_tiny (0.710 +- 0.010); tied with it: "
+        "bert_tiny",
+        "- 4e+12 flops, trec_questions: best bert_tiny (0.600 +- 0.000); the only objective at "
+        "this budget so far",
+    ]
+    no_tie = [r for r in results if r["experiment"] != "bert_tiny"]
+    assert study_report.rankings(no_tie, ["trec_questions"], "flops") == [
+        "- 1e+12 flops, trec_questions: best electra_tiny (0.710 +- 0.010); no tie"
+    ]
+
+
 def test_the_report_states_means_sds_budgets_and_writes_every_file(tmp_path):
     results = [
         _run(e, b, s, trec=0.3 + 0.1 * s + (0.2 if e == "electra_tiny" else 0.0))
