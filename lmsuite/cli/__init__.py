@@ -442,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
 
         host_malloc.relaunch_with_settings()
     args = parse_args(argv)
+    # As typed, for what a command writes about itself (the study's report names it).
+    args.command_line = ["lmsuite", *(sys.argv[1:] if argv is None else argv)]
     quiet.quiet_start(verbose=args.verbose)  # before anything imports TensorFlow
     from lmsuite.training import loop
 

@@ -404,6 +404,9 @@ def run_study(args) -> list[dict]:
             f"; about {left * sum(spent) / len(spent) / 60:.0f} min left" if spent and left else ""
         )
         print(f"    {accuracies} ({seconds:.0f} s{eta})", flush=True)
-        study_report.write_report(args.out_dir, results, protocol=dataclasses.asdict(protocol))
+        study_report.write_report(
+            args.out_dir, results, protocol=dataclasses.asdict(protocol),
+            command=getattr(args, "command_line", None),
+        )  # fmt: skip
     print(f"report: {os.path.join(args.out_dir, study_report.REPORT_FILE)}")
     return results

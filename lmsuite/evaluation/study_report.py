@@ -11,6 +11,7 @@ reported as a tie. With one seed there is no spread and nothing is called a diff
 
 import csv
 import os
+import shlex
 from collections.abc import Sequence
 
 import numpy as np
@@ -229,16 +230,21 @@ def plot(path: str, results: Sequence[dict], probes: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
-def write_report(out_dir: str, results: Sequence[dict], *, protocol: dict) -> str:
-    """Writes report.md, results.csv and the plot into `out_dir`; returns report.md's path."""
+def write_report(
+    out_dir: str, results: Sequence[dict], *, protocol: dict, command: Sequence[str] | None = None
+) -> str:
+    """Writes report.md, results.csv and the plot into `out_dir`; returns report.md's path.
+    `command`: the command line that ran the study (its latest invocation, for a resumed one),
+    shown at the top so that the report says how to produce it again."""
     probes = list(protocol["probes"])
     match = protocol["match"]
     write_csv(os.path.join(out_dir, CSV_FILE), results, probes)
     plot(os.path.join(out_dir, PLOT_FILE), results, probes)
     rates = ", ".join(f"{r:g}" for r in protocol["learning_rates"])
-    lines = [
-        "# lmsuite study",
-        "",
+    lines = ["# lmsuite study", ""]
+    if command:
+        lines += [f"Produced by `{shlex.join(command)}`.", ""]
+    lines += [
         f"Budgets matched in **{match}** (XLA's count of each experiment's own train step times "
         f"its steps). Probes: {', '.join(probes)}, fine-tuned for "
         f"{protocol['probe_epochs']} epoch(s) at batch {protocol['probe_batch_size']}, "

@@ -87,8 +87,10 @@ def test_the_report_states_means_sds_budgets_and_writes_every_file(tmp_path):
         for b in (1e12, 4e12, None)
         for s in range(3)
     ]
-    path = study_report.write_report(str(tmp_path), results, protocol=PROTOCOL)
+    command = ["lmsuite", "study", "--flops=1e12,4e12", "--out=my study"]
+    path = study_report.write_report(str(tmp_path), results, protocol=PROTOCOL, command=command)
     text = open(path).read()
+    assert "Produced by `lmsuite study --flops=1e12,4e12 '--out=my study'`." in text
     trec = [0.5, 0.6, 0.7]  # electra_tiny's three seeds
     mean, sd = np.mean(trec), np.std(trec, ddof=1)
     row = next(

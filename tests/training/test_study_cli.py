@@ -3,6 +3,7 @@ turned into steps, and (slow) a killed study that resumes without redoing finish
 
 import json
 import os
+import shlex
 
 import pytest
 
@@ -136,6 +137,7 @@ def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_pat
     assert record["budget"] is None and record["steps"] == 0 and record["flops"] == 0.0
     report = (tmp_path / study_report.REPORT_FILE).read_text()
     assert "| bert_tiny | bert_mlm_nsp | none (scratch) | 1 |" in report
+    assert f"Produced by `{shlex.join(['lmsuite', *argv])}`." in report  # how to run it again
 
 
 TOY_FLOPS = 4.5e11  # >= 20 steps of the costliest default experiment's step (2.1e10)
