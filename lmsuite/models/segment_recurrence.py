@@ -43,6 +43,18 @@ def relative_shift(scores_BHLR, num_keys: int):
     return shifted[..., :num_keys]
 
 
+def relative_shift_rows(scores_BHQR, rows_BQ, length: int, num_keys: int):
+    """`relative_shift` for Q queries at the given positions of a length-L segment:
+    out[b, h, q, j] = scores[b, h, q, j + L - rows[b, q]], query q scored as if it were row
+    rows[b, q] of the (B, H, L, R) scores. XLNet's query stream has P predictions, far fewer
+    than L: scoring them at their own positions costs P/L of placing them at every position.
+    Entries past R (future keys under attn_type="uni") repeat the last distance and must be
+    masked by the caller, as `relative_shift`'s garbage.
+    """
+    index_BQM = jnp.arange(num_keys)[None, None, :] + length - rows_BQ[:, :, None]
+    return jnp.take_along_axis(scores_BHQR, index_BQM[:, None], axis=-1, mode="clip")
+
+
 def cache_memory(config: ModelConfig, h_BLD, mem_BCD):
     """The next segment's memory of one layer: the last mem_len states of concat(memory, the
     first reuse_len positions of this layer's input), with no gradient.

@@ -35,12 +35,23 @@ from lmsuite.layers.norm import make_norm
 from lmsuite.models.config import ModelConfig
 from lmsuite.models.embedder import make_token_embedder
 from lmsuite.models.heads import VocabHead
-from lmsuite.models.segment_recurrence import cache_memory, relative_positions, relative_shift
+from lmsuite.models.segment_recurrence import (
+    cache_memory,
+    relative_positions,
+    relative_shift,
+    relative_shift_rows,
+)
 from lmsuite.models.stack import rematted
 
 # Score shift of a blocked key. Float32 scores are O(10), far below the spacing of floats near
 # 1e30, so a fully blocked row becomes uniform exactly as in the reference.
 _BLOCKED = 1e30
+
+
+def _rows(x_B1LM, rows_BQ):
+    """x's rows at the positions rows_BQ: (B or 1, 1, L, M) -> (B, 1, Q, M)."""
+    x_B1LM = jnp.broadcast_to(x_B1LM, (rows_BQ.shape[0], *x_B1LM.shape[1:]))
+    return jnp.take_along_axis(x_B1LM, rows_BQ[:, None, :, None], axis=2)
 
 
 # --------------------------------------------------------------------------- validation
@@ -200,26 +211,35 @@ class TwoStreamAttention(nn.Module):
         scale = jnp.asarray(cfg.head_width**-0.5, jnp.float32)
         drop = nn.Dropout(cfg.attention_dropout_rate)
 
-        def attend(q_BLHK, allowed):
-            ac_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK + as_11HK("content_bias"), k_BMHK)
-            qr_BLHK = q_BLHK + as_11HK("position_bias")
-            halves = zip(jnp.split(qr_BLHK, len(kr), axis=0), kr, strict=True)
-            bd_BHLR = jnp.concatenate(
-                [jnp.einsum("BLHK,RHK->BHLR", q, kr_RHK) for q, kr_RHK in halves], axis=0
+        length = h_BLD.shape[1]
+
+        def attend(q_BQHK, allowed, rows_BQ=None):
+            """Q queries: the L positions in order (rows_BQ None), or queries at the positions
+            rows_BQ, which read those positions' distances, segments and mask rows."""
+            at_rows = lambda x_B1LM: x_B1LM if rows_BQ is None else _rows(x_B1LM, rows_BQ)
+            ac_BHQM = jnp.einsum("BQHK,BMHK->BHQM", q_BQHK + as_11HK("content_bias"), k_BMHK)
+            qr_BQHK = q_BQHK + as_11HK("position_bias")
+            halves = zip(jnp.split(qr_BQHK, len(kr), axis=0), kr, strict=True)
+            bd_BHQR = jnp.concatenate(
+                [jnp.einsum("BQHK,RHK->BHQR", q, kr_RHK) for q, kr_RHK in halves], axis=0
             )
-            logits_BHLM = ac_BHLM + relative_shift(bd_BHLR, num_keys)
+            if rows_BQ is None:
+                bd_BHQM = relative_shift(bd_BHQR, num_keys)
+            else:
+                bd_BHQM = relative_shift_rows(bd_BHQR, rows_BQ, length, num_keys)
+            logits_BHQM = ac_BHQM + bd_BHQM
             if other_segment_B1LM is not None:
-                qs_BLHK = q_BLHK + as_11HK("segment_bias")
-                ef_BHLT = jnp.einsum("BLHK,THK->BHLT", qs_BLHK, jnp.asarray(segment_THK, dtype))
-                logits_BHLM = logits_BHLM + jnp.where(
-                    other_segment_B1LM, ef_BHLT[..., 1:], ef_BHLT[..., :1]
+                qs_BQHK = q_BQHK + as_11HK("segment_bias")
+                ef_BHQT = jnp.einsum("BQHK,THK->BHQT", qs_BQHK, jnp.asarray(segment_THK, dtype))
+                logits_BHQM = logits_BHQM + jnp.where(
+                    at_rows(other_segment_B1LM), ef_BHQT[..., 1:], ef_BHQT[..., :1]
                 )
-            logits_BHLM = logits_BHLM.astype(jnp.float32) * scale
+            logits_BHQM = logits_BHQM.astype(jnp.float32) * scale
             if allowed is not None:
-                logits_BHLM = logits_BHLM - jnp.where(allowed, 0.0, _BLOCKED)
-            probs_BHLM = jax.nn.softmax(logits_BHLM, axis=-1).astype(dtype)
-            probs_BHLM = drop(probs_BHLM, deterministic=deterministic)
-            return jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
+                logits_BHQM = logits_BHQM - jnp.where(at_rows(allowed), 0.0, _BLOCKED)
+            probs_BHQM = jax.nn.softmax(logits_BHQM, axis=-1).astype(dtype)
+            probs_BHQM = drop(probs_BHQM, deterministic=deterministic)
+            return jnp.einsum("BHQM,BMHK->BQHK", probs_BHQM, v_BMHK)
 
         out = DenseGeneral(
             (cfg.d_model,),
@@ -233,12 +253,15 @@ class TwoStreamAttention(nn.Module):
         out_h = out(attend(query(h_BLD), content_allowed))
         if g_BPD is None:
             return out_h, None
-        # Each prediction's query is placed at its position, so that it reads that position's
-        # relative distances and mask row, then gathered back.
-        target_BPL = jnp.asarray(target_BPL, dtype)
-        q_BLHK = jnp.einsum("BPHK,BPL->BLHK", query(g_BPD), target_BPL)
-        vec_BPHK = jnp.einsum("BLHK,BPL->BPHK", attend(q_BLHK, query_allowed), target_BPL)
-        return out_h, out(vec_BPHK)
+        # Each prediction is scored at its position, reading that position's relative distances
+        # and mask row. The reference places the P queries at all L positions (a one-hot
+        # product), scores every position and gathers the P rows back: the same numbers at
+        # L/P times the work. A zero row of target_mapping (a padded prediction) gets a zero
+        # attention output there, and here too.
+        rows_BP = jnp.argmax(target_BPL, axis=-1)
+        named_BP11 = (jnp.max(target_BPL, axis=-1) > 0)[:, :, None, None]
+        vec_BPHK = attend(query(g_BPD), query_allowed, rows_BP)
+        return out_h, out(jnp.where(named_BP11, vec_BPHK, 0).astype(vec_BPHK.dtype))
 
 
 class TwoStreamLayer(nn.Module):

@@ -120,6 +120,18 @@ def test_logits_and_mems_match_hf_and_roundtrip(case, tmp_path):
     assert_close(hf_forward(back, **masked).logits, ref, f"{case} round trip", tol=1e-6)
 
 
+def test_a_padded_prediction_matches_hf_too():
+    """A zero row of target_mapping (fewer predictions than P) names no position: HF scores the
+    query at every position and gathers nothing back, lmsuite scores it nowhere; both give its
+    query stream a zero attention output."""
+    hf = _hf()
+    ours = convert.from_hf(hf)
+    inputs = _inputs()
+    inputs["target_mapping"][0, -1] = 0.0
+    inputs["target_mapping"][2, :2] = 0.0
+    _check_segment(ours, hf, inputs, "padded predictions")
+
+
 def test_input_mask_is_the_negated_attention_mask():
     ours = convert.from_hf(_hf())
     inputs = _inputs()

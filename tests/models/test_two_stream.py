@@ -17,6 +17,7 @@ from lmsuite.convert import xlnet as xlnet_family
 from lmsuite.layers.embedding import Embed
 from lmsuite.models import ModelConfig, Transformer
 from lmsuite.models.option_groups import XLNetOptions
+from lmsuite.models.segment_recurrence import relative_shift, relative_shift_rows
 from lmsuite.models.summary import summarize
 
 VOCAB, D, L, BATCH = 37, 16, 7, 2
@@ -265,3 +266,24 @@ def test_other_architectures_refuse_xlnet_inputs():
 def test_bad_config_is_named(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("attn_type", ["bi", "uni"])
+def test_scoring_queries_at_their_rows_equals_the_rows_of_the_shift(attn_type):
+    """`relative_shift_rows` (the query stream's P predictions) against `relative_shift` (every
+    position in order), on the entries whose distance exists: all of them under "bi"."""
+    batch, heads, length, memory = 2, 3, 7, 4
+    keys = memory + length
+    r = keys + length if attn_type == "bi" else keys + 1
+    scores = np.random.default_rng(0).normal(size=(batch, heads, length, r)).astype(np.float32)
+    rows = np.array([[6, 0, 3], [2, 2, 5]])
+    at_rows = scores[np.arange(batch)[:, None], :, rows].transpose(0, 2, 1, 3)  # (B, H, Q, R)
+    got = np.asarray(relative_shift_rows(jnp.asarray(at_rows), jnp.asarray(rows), length, keys))
+    full = np.asarray(relative_shift(jnp.asarray(scores), keys))
+    want = full[np.arange(batch)[:, None], :, rows].transpose(0, 2, 1, 3)
+    exists = np.arange(keys)[None, None, :] + length - rows[:, :, None] < r  # (B, Q, M)
+    assert got.shape == want.shape == (batch, heads, 3, keys)
+    assert exists.all() == (attn_type == "bi")
+    np.testing.assert_array_equal(
+        np.where(exists[:, None], got, 0), np.where(exists[:, None], want, 0)
+    )
