@@ -406,7 +406,7 @@ def run_study(args) -> list[dict]:
         print(f"    {accuracies} ({seconds:.0f} s{eta})", flush=True)
         study_report.write_report(
             args.out_dir, results, protocol=dataclasses.asdict(protocol),
-            command=getattr(args, "command_line", None),
+            command=args.command_line,
         )  # fmt: skip
     print(f"report: {os.path.join(args.out_dir, study_report.REPORT_FILE)}")
     return results
