@@ -7,6 +7,15 @@ How to run on a GPU (one device is measured; nothing here runs in CI):
     python benchmarks/accelerator_step.py --experiments=bert_base,t5_1_1_base \\
         --steps=20 --warmup=3 --out=accelerator_step.jsonl
 
+On an accelerator image that has JAX, Flax and Optax but no TensorFlow (lmsuite's data stack),
+split the work: `--prepare` loads the variants and reads the batch where lmsuite installs whole,
+and `--setup` measures from the source tree, importing only the model, objective and step
+modules (the prepared files pickle the configs, the loss constructor and the batch):
+
+    python benchmarks/accelerator_step.py --experiments=bert_base,t5_1_1_base --prepare=prepared
+    python benchmarks/accelerator_step.py --experiments=bert_base,t5_1_1_base --setup=prepared \\
+        --out=accelerator_step.jsonl
+
 CPU dry run (the experiments' tiny twins, batch 4, 2 steps: it proves the script, it measures
 nothing worth keeping):
 
@@ -35,38 +44,41 @@ MFU = model FLOPs per step x steps/s / the device's bf16 dense peak (`report.PEA
 `device_kind`: NVIDIA's datasheets give 989 TFLOP/s for H100 SXM and H200, 312 for A100; a CPU's
 is measured). Model FLOPs are the baseline's XLA count for both variants: the same math, and on a
 GPU cuDNN's attention is a custom call that XLA's count leaves out. The fast variant's own
-count is kept in the JSON (`xla_flops`). Memory is XLA's figure for the compiled step
+count is kept in the JSON (`xla_flops`). Where the backend counts no lowered step (jax 0.11's
+GPU backend), the compiled module's count stands in (`flops_source`). Memory is XLA's figure for the compiled step
 (arguments + outputs not donated + temporaries) and, where the backend reports it, the
 device's allocator high-water mark so far in this process (it only grows from one variant to
 the next).
 
-A variant that runs out of device memory halves the experiment's batch, says so, and both
+A variant that runs out of device memory halves the batch (its first rows), says so, and both
 variants are measured again at the smaller batch, so the ratio compares equal batches.
 """
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
+import pickle
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lmsuite when not pip-installed
-from lmsuite import cli, partitioning  # noqa: E402
+# Only modules that import no TensorFlow or SeqIO here: `--setup` measures on an accelerator
+# image that has neither. The data stack is imported by `prepare_experiment` alone.
+from lmsuite import partitioning  # noqa: E402
 from lmsuite.layers import fused_attention  # noqa: E402
-from lmsuite.models import Transformer, memory_shapes  # noqa: E402
-from lmsuite.training import (  # noqa: E402
-    aot,
-    input_pipeline,
-    recipes,
-    report,
-    step,
-    train_state,
-)
+from lmsuite.models import ModelConfig, Transformer, memory_shapes  # noqa: E402
+from lmsuite.objectives import Objective  # noqa: E402
+from lmsuite.training import report, step, train_state  # noqa: E402
+from lmsuite.training.optimizer_config import OptimizerConfig  # noqa: E402
 
 GIB = 2**30
 VARIANTS = {
@@ -81,17 +93,57 @@ VARIANTS = {
         "train.prng_impl": "'rbg'",
     },
 }
+# `--ablate`: the steps from baseline to fast one change at a time, measured between them (the
+# attention dropout the fast variant drops, then bf16, then fused attention; fast adds rbg).
+ABLATION = {
+    "no_attn_dropout": {**VARIANTS["baseline"]},
+    "bf16": {**VARIANTS["baseline"], "ModelConfig.dtype": "'bfloat16'"},
+    "bf16_fused": {**VARIANTS["fast"], "train.prng_impl": "'threefry2x32'"},
+}
 TINY_TWINS = {"bert_base": "bert_tiny", "t5_1_1_base": "t5_1_1_tiny"}
 DRY_RUN = dict(batch_size=4, steps=2, warmup=1)
+TRAINER_FIELDS = ("seed", "rules", "num_microbatches", "skip_nonfinite", "prng_impl", "train_steps")
 
 
 class OutOfMemory(Exception):
     """The device refused the step for want of memory."""
 
 
+@dataclasses.dataclass
+class Variant:
+    """What `measure` needs of one variant of an experiment, holding nothing of the data stack:
+    it pickles, so `--prepare` (on a host where lmsuite installs whole) and `--setup` (on an
+    accelerator image without TensorFlow) can split the work. `loss(**loss_options)` is the
+    objective (`recipes.loss_call`); `trainer` holds `TRAINER_FIELDS` of the run's
+    `TrainerConfig`."""
+
+    name: str
+    bindings: dict[str, str]
+    model: ModelConfig
+    loss: Callable[..., Objective]
+    loss_options: dict[str, Any]
+    optimizer: OptimizerConfig
+    trainer: dict[str, Any]
+    sequence_length: dict[str, int]
+
+
+@dataclasses.dataclass
+class Prepared:
+    """Both variants of one experiment and the one batch they share (the largest measured;
+    `measure_experiment` halves it by rows when a variant runs out of memory)."""
+
+    experiment: str
+    variants: list[Variant]
+    notes: list[str]
+    batch: dict[str, np.ndarray]
+    shapes_task: str
+
+
 def load_run(experiment: str, bindings: dict[str, str]):
     """The experiment's checked `TrainConfig`, as `lmsuite train --gin.KEY=VALUE ...` loads it
     (its data need not be prepared: only its shapes are used)."""
+    from lmsuite import cli
+
     flags = [f"--gin.{key}={value}" for key, value in bindings.items()]
     args = cli.parse_args(
         ["train", f"--gin_file=experiments/{experiment}.gin", "--model_dir=/unused", *flags]
@@ -114,8 +166,12 @@ def fast_bindings(experiment: str, baseline) -> tuple[dict[str, str], list[str]]
     return bindings, notes
 
 
-def read_batch(run, built, batch_size: int):
-    """(one batch of `batch_size` rows as numpy, the task it was read from)."""
+def read_batch(run, batch_size: int):
+    """(one batch of `batch_size` rows as numpy, the task it was read from), through `run`'s
+    recipe (the baseline's: both variants read the same data)."""
+    from lmsuite.training import aot, input_pipeline, recipes
+
+    built = recipes.build(run.recipe, model_config=run.model)
     source = aot.shapes_task(run.data.task)
     dataset = input_pipeline.process_dataset(
         task=source,
@@ -127,6 +183,81 @@ def read_batch(run, built, batch_size: int):
     return next(dataset.as_numpy_iterator()), source
 
 
+def prepare_experiment(
+    experiment: str, *, batch_size: int | None, ablate: bool = False
+) -> Prepared:
+    """Loads the variants of `experiment` (baseline, with `ablate` the `ABLATION` steps, fast) and
+    reads their batch (`batch_size` rows, or the experiment's): the part that needs the data
+    stack."""
+    from lmsuite.training import recipes
+
+    bindings = {"baseline": dict(VARIANTS["baseline"])}
+    runs = {"baseline": load_run(experiment, bindings["baseline"])}
+    fast, notes = fast_bindings(experiment, runs["baseline"])
+    dropout = {k: v for k, v in fast.items() if k == "ModelConfig.attention_dropout_rate"}
+    for name, step_bindings in ABLATION.items() if ablate else ():
+        bindings[name] = {**step_bindings, **dropout}
+        runs[name] = load_run(experiment, bindings[name])
+    bindings["fast"] = fast
+    runs["fast"] = load_run(experiment, fast)
+    variants = []
+    for name, run in runs.items():
+        loss, options = recipes.loss_call(run.recipe, model_config=run.model)
+        variants.append(
+            Variant(
+                name=name,
+                bindings=bindings[name],
+                model=run.model,
+                loss=loss,
+                loss_options=options,
+                optimizer=run.optimizer,
+                trainer={field: getattr(run.trainer, field) for field in TRAINER_FIELDS},
+                sequence_length=dict(run.data.sequence_length),
+            )
+        )
+    batch, source = read_batch(runs["baseline"], batch_size or runs["baseline"].data.batch_size)
+    return Prepared(
+        experiment=experiment, variants=variants, notes=notes, batch=batch, shapes_task=source
+    )
+
+
+def prepared_path(folder: str, experiment: str) -> Path:
+    return Path(folder) / f"{experiment}.pkl"
+
+
+def load_prepared(folder: str, experiment: str) -> Prepared:
+    """The `Prepared` that `--prepare=folder` wrote for `experiment`.
+
+    Raises:
+      FileNotFoundError: none was written, naming the command that writes it.
+    """
+    path = prepared_path(folder, experiment)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no prepared experiment {experiment!r} at {path}: write it where lmsuite installs "
+            f"whole with `python benchmarks/accelerator_step.py --experiments={experiment} "
+            f"--prepare={folder}` (with the same --dry_run and --batch_size)"
+        )
+    with path.open("rb") as file:
+        fields = pickle.load(file)
+    if not isinstance(fields, dict) or fields.get("experiment") != experiment:
+        raise ValueError(f"{path} does not hold experiment {experiment!r}'s prepared variants")
+    fields["variants"] = [Variant(**variant) for variant in fields["variants"]]
+    return Prepared(**fields)
+
+
+def save_prepared(folder: str, prepared: Prepared) -> Path:
+    """Writes `prepared` for `load_prepared` as plain dicts (this script's classes are
+    `__main__`'s when it runs as a script, so they do not pickle by name)."""
+    path = prepared_path(folder, prepared.experiment)
+    shallow = lambda obj: {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}  # noqa: E731
+    fields = shallow(prepared)
+    fields["variants"] = [shallow(variant) for variant in prepared.variants]
+    with path.open("wb") as file:
+        pickle.dump(fields, file)
+    return path
+
+
 class _Collect(logging.Handler):
     def __init__(self):
         super().__init__()
@@ -136,24 +267,26 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def measure(run, batch_np, *, steps: int, warmup: int) -> dict:
-    """Builds, lowers, compiles and times `run`'s train step over `batch_np` on the first
-    device.
+def measure(
+    variant: Variant, batch_np, *, steps: int, warmup: int, trace_dir: str | None = None
+) -> dict:
+    """Builds, lowers, compiles and times `variant`'s train step over `batch_np` on the first
+    device, as `lmsuite train` builds it (the recipe's objective, `Transformer`,
+    `create_sharded_state`, `step.jit_train_step`, the loop's dropout key).
 
     Raises:
       OutOfMemory: compiling or running the step exhausted the device's memory.
     """
-    trainer = run.trainer
+    trainer = variant.trainer
     mesh = partitioning.make_mesh(devices=jax.devices()[:1])
-    built = recipes.build(run.recipe, model_config=run.model)
-    objective = built.objective
-    model = Transformer(run.model)
-    tx, learning_rate_fn = run.optimizer.build(train_steps=trainer.train_steps)
+    objective = variant.loss(**variant.loss_options)
+    model = Transformer(variant.model)
+    tx, learning_rate_fn = variant.optimizer.build(train_steps=trainer["train_steps"])
     batch_size = len(next(iter(batch_np.values())))
     example = {k: v[:1] for k, v in batch_np.items()}
     carry_shapes = None
     if objective.carry is not None:
-        carry_shapes = memory_shapes(run.model, batch_size)
+        carry_shapes = memory_shapes(variant.model, batch_size)
     # The fused path logs each reason it falls back once per process, while the model is traced
     # (init or lowering).
     collect = _Collect()
@@ -165,13 +298,13 @@ def measure(run, batch_np, *, steps: int, warmup: int) -> dict:
             ],
             tx=tx,
             mesh=mesh,
-            rng=jax.random.PRNGKey(trainer.seed),
-            rules=trainer.rules,
+            rng=jax.random.PRNGKey(trainer["seed"]),
+            rules=trainer["rules"],
             carry_shapes=carry_shapes,
         )
         shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch_np.items()}
-        batch_sharding = step.batch_shardings(shapes, mesh, rules=trainer.rules)
-        batch = input_pipeline.to_global(batch_np, batch_sharding)
+        batch_sharding = step.batch_shardings(shapes, mesh, rules=trainer["rules"])
+        batch = {k: jax.device_put(v, batch_sharding[k]) for k, v in batch_np.items()}
         train_step = step.jit_train_step(
             apply_fn=model.apply,
             objective=objective,
@@ -179,16 +312,19 @@ def measure(run, batch_np, *, steps: int, warmup: int) -> dict:
             state_shardings=shardings,
             batch_sharding=batch_sharding,
             mesh=mesh,
-            rules=trainer.rules,
-            num_microbatches=trainer.num_microbatches,
-            skip_nonfinite=trainer.skip_nonfinite,
+            rules=trainer["rules"],
+            num_microbatches=trainer["num_microbatches"],
+            skip_nonfinite=trainer["skip_nonfinite"],
         )
-        rng = step.dropout_key(trainer.seed + 1, trainer.prng_impl)
+        rng = step.dropout_key(trainer["seed"] + 1, trainer["prng_impl"])
         started = time.perf_counter()
         lowered = train_step.lower(state, batch, rng)
-        xla_flops = report.lowered_flops(lowered, loop_trips=trainer.num_microbatches)
+        xla_flops = report.lowered_flops(lowered, loop_trips=trainer["num_microbatches"])
         compiled = lowered.compile()
         compile_seconds = time.perf_counter() - started
+        flops_source = "lowered"
+        if xla_flops is None:  # a GPU backend counts only the optimized module
+            xla_flops, flops_source = report.lowered_flops(compiled), "compiled"
         for _ in range(warmup):
             state, metrics = compiled(state, batch, rng)
         jax.block_until_ready(state)
@@ -197,6 +333,9 @@ def measure(run, batch_np, *, steps: int, warmup: int) -> dict:
             state, metrics = compiled(state, batch, rng)
         jax.block_until_ready((state, metrics))
         seconds = time.perf_counter() - started
+        top_ops = []
+        if trace_dir is not None:
+            top_ops = trace_steps(compiled, state, batch, rng, trace_dir)
     except jax.errors.JaxRuntimeError as error:
         if "RESOURCE_EXHAUSTED" in str(error):
             raise OutOfMemory(str(error).splitlines()[0]) from error
@@ -216,7 +355,7 @@ def measure(run, batch_np, *, steps: int, warmup: int) -> dict:
     loss = float(metrics["loss"]) if "loss" in metrics else float("nan")
     return dict(
         batch_size=batch_size,
-        sequence_length=dict(run.data.sequence_length),
+        sequence_length=variant.sequence_length,
         tokens_per_step=int(objective.num_tokens(batch)),
         steps=steps,
         warmup=warmup,
@@ -224,41 +363,97 @@ def measure(run, batch_np, *, steps: int, warmup: int) -> dict:
         steps_per_sec=steps / seconds,
         compile_seconds=compile_seconds,
         xla_flops=xla_flops,
+        flops_source=flops_source,
         xla_memory_bytes=xla_bytes,
         device_peak_bytes_so_far=stats.get("peak_bytes_in_use"),
         cudnn_attention_calls=compiled.as_text().count("__cudnn$fmha"),
         plain_attention_reasons=collect.lines,
         final_loss=loss,
+        top_ops=top_ops,
     )
 
 
-def measure_experiment(experiment: str, *, batch_size, steps: int, warmup: int) -> list[dict]:
-    """Both variants of `experiment` at the largest batch (from `batch_size`, or the
-    experiment's, halving) at which both fit; one row each, the fast row with the ratios."""
-    bindings = {"baseline": dict(VARIANTS["baseline"])}
-    runs = {"baseline": load_run(experiment, bindings["baseline"])}
-    bindings["fast"], notes = fast_bindings(experiment, runs["baseline"])
-    runs["fast"] = load_run(experiment, bindings["fast"])
-    for note in notes:
+TRACE_STEPS = 3
+
+
+def trace_steps(compiled, state, batch, rng, trace_dir: str, top: int = 25) -> list[dict]:
+    """Runs `TRACE_STEPS` more steps under `jax.profiler` into `trace_dir` and returns the
+    `top` device ops by time per step ({name, ms_per_step, calls_per_step}): where a step's time
+    goes without a viewer (kernels on a GPU, XLA ops on a CPU)."""
+    import collections
+    import gzip
+
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(TRACE_STEPS):
+            state, metrics = compiled(state, batch, rng)
+        jax.block_until_ready((state, metrics))
+    files = sorted(Path(trace_dir).glob("**/*.trace.json.gz"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        return []
+    with gzip.open(files[-1]) as file:
+        events = json.load(file)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    # Device streams only where the trace has them (a GPU's), else every complete event.
+    names = {
+        (e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") in ("thread_name", "process_name")
+    }
+    device_pids = {
+        pid for (pid, _), name in names.items() if "/device:GPU" in name or "Stream" in name
+    }
+    durations, calls = collections.Counter(), collections.Counter()
+    for event in events:
+        if event.get("ph") != "X" or (device_pids and event.get("pid") not in device_pids):
+            continue
+        durations[event["name"]] += event.get("dur", 0)
+        calls[event["name"]] += 1
+    return [
+        dict(
+            name=name[:160],
+            ms_per_step=micros / TRACE_STEPS / 1000,
+            calls_per_step=calls[name] / TRACE_STEPS,
+        )
+        for name, micros in durations.most_common(top)
+    ]
+
+
+def measure_experiment(
+    prepared: Prepared, *, steps: int, warmup: int, trace_dir: str | None = None
+) -> list[dict]:
+    """Both variants of `prepared` at the largest batch (its batch's rows, halving) at which both
+    fit; one row each, the fast row with the ratios."""
+    for note in prepared.notes:
         print(f"note: {note}")
-    batch = batch_size or runs["baseline"].data.batch_size
+    batch = len(next(iter(prepared.batch.values())))
     while True:
-        # The variants share the data: one batch, read with the baseline's recipe.
-        built = recipes.build(runs["baseline"].recipe, model_config=runs["baseline"].model)
-        batch_np, source = read_batch(runs["baseline"], built, batch)
+        batch_np = {k: v[:batch] for k, v in prepared.batch.items()}
         rows = []
         try:
-            for name, run in runs.items():
-                print(f"{experiment} {name}: batch {batch}, compiling ...", flush=True)
-                row = measure(run, batch_np, steps=steps, warmup=warmup)
+            for variant in prepared.variants:
+                print(
+                    f"{prepared.experiment} {variant.name}: batch {batch}, compiling ...",
+                    flush=True,
+                )
+                row = measure(
+                    variant,
+                    batch_np,
+                    steps=steps,
+                    warmup=warmup,
+                    trace_dir=trace_dir
+                    and str(Path(trace_dir) / f"{prepared.experiment}_{variant.name}"),
+                )
+                for op in row["top_ops"]:
+                    print(f"  {op['ms_per_step']:9.3f} ms/step x{op['calls_per_step']:5.1f}  "
+                          f"{op['name'][:110]}")  # fmt: skip
                 for reason in row["plain_attention_reasons"]:
                     print(f"  fused-path log: {reason}")
                 rows.append(
                     dict(
-                        experiment=experiment,
-                        variant=name,
-                        bindings=bindings[name],
-                        shapes_task=source,
+                        experiment=prepared.experiment,
+                        variant=variant.name,
+                        bindings=variant.bindings,
+                        shapes_task=prepared.shapes_task,
                         **row,
                     )
                 )
@@ -266,13 +461,15 @@ def measure_experiment(experiment: str, *, batch_size, steps: int, warmup: int) 
         except OutOfMemory as error:
             if batch == 1:
                 raise
-            print(f"{experiment} {name}: out of memory at batch {batch} ({error}); halving to "
-                  f"{batch // 2} and measuring both variants again")  # fmt: skip
+            print(
+                f"{prepared.experiment} {variant.name}: out of memory at batch {batch} ({error}); "
+                f"halving to {batch // 2} and measuring both variants again"
+            )
             batch //= 2
-    baseline, fast = rows
+    baseline = rows[0]
     peak = report.device_peak_flops()
     for row in rows:
-        row["notes"] = notes if row["variant"] == "fast" else []
+        row["notes"] = prepared.notes if row["variant"] != "baseline" else []
         row["model_flops"] = baseline["xla_flops"]
         row["tokens_per_sec"] = row["tokens_per_step"] * row["steps_per_sec"]
         row["peak_flops"] = peak
@@ -281,7 +478,8 @@ def measure_experiment(experiment: str, *, batch_size, steps: int, warmup: int) 
             if peak and row["model_flops"]
             else None
         )
-    fast["steps_per_sec_ratio"] = fast["steps_per_sec"] / baseline["steps_per_sec"]
+    for row in rows[1:]:
+        row["steps_per_sec_ratio"] = row["steps_per_sec"] / baseline["steps_per_sec"]
     return rows
 
 
@@ -289,16 +487,16 @@ def format_table(rows: list[dict]) -> str:
     """One line per variant, and per experiment the fast / baseline ratio of steps/s."""
     gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"  # noqa: E731
     lines = [
-        f"{'experiment':14s} {'variant':8s} {'batch':>5s} {'steps/s':>9s} {'tokens/s':>10s} "
+        f"{'experiment':14s} {'variant':15s} {'batch':>5s} {'steps/s':>9s} {'tokens/s':>10s} "
         f"{'TFLOP/step':>10s} {'MFU':>6s} {'XLA GiB':>8s} {'peak GiB':>8s} {'cuDNN':>5s} "
-        f"{'compile s':>9s} {'fast/base':>9s}"
+        f"{'compile s':>9s} {'vs base':>9s}"
     ]
     for row in rows:
         flops = row["model_flops"]
         mfu = row["mfu"]
         ratio = row.get("steps_per_sec_ratio")
         lines.append(
-            f"{row['experiment']:14s} {row['variant']:8s} {row['batch_size']:5d} "
+            f"{row['experiment']:14s} {row['variant']:15s} {row['batch_size']:5d} "
             f"{row['steps_per_sec']:9.3f} {row['tokens_per_sec']:10.0f} "
             f"{'-' if flops is None else f'{flops / 1e12:.4g}':>10s} "
             f"{'-' if mfu is None else f'{100 * mfu:.1f}%':>6s} "
@@ -315,7 +513,11 @@ def main(argv: list[str]) -> list[dict]:
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3)")
     parser.add_argument(
-        "--batch_size", type=int, default=None, help="default: the experiment's BATCH_SIZE"
+        "--batch_size",
+        type=int,
+        default=None,
+        help="default: the experiment's BATCH_SIZE (with --setup: the first rows of the prepared "
+        "batch)",
     )
     parser.add_argument(
         "--dry_run",
@@ -323,7 +525,36 @@ def main(argv: list[str]) -> list[dict]:
         help="the experiments' tiny twins, batch 4, 2 steps: checks the script on a CPU",
     )
     parser.add_argument("--out", default=None, help="append one JSON line per variant here")
+    parser.add_argument(
+        "--prepare",
+        default=None,
+        metavar="DIR",
+        help="load each experiment's variants and read its batch (needs the data stack), write "
+        "DIR/EXPERIMENT.pkl and measure nothing",
+    )
+    parser.add_argument(
+        "--setup",
+        default=None,
+        metavar="DIR",
+        help="measure the experiments that --prepare=DIR wrote: imports no TensorFlow or SeqIO, "
+        "for accelerator images without them",
+    )
+    parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="with --prepare or alone: also measure the steps between baseline and fast, one "
+        f"change at a time ({', '.join(ABLATION)})",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help=f"after timing, profile {TRACE_STEPS} more steps of each variant into DIR and print "
+        "its top device ops",
+    )
     args = parser.parse_args(argv)
+    if args.prepare and args.setup:
+        parser.error("--prepare writes what --setup reads: give one of them")
     experiments = [e for e in args.experiments.split(",") if e]
     steps, warmup, batch_size = args.steps, args.warmup, args.batch_size
     if args.dry_run:
@@ -335,6 +566,15 @@ def main(argv: list[str]) -> list[dict]:
     warmup = 3 if warmup is None else warmup
     if steps < 1 or warmup < 0 or (batch_size is not None and batch_size < 1):
         parser.error(f"need --steps >= 1, --warmup >= 0, --batch_size >= 1; got {argv}")
+    if args.prepare:
+        Path(args.prepare).mkdir(parents=True, exist_ok=True)
+        for experiment in experiments:
+            path = save_prepared(
+                args.prepare,
+                prepare_experiment(experiment, batch_size=batch_size, ablate=args.ablate),
+            )
+            print(f"wrote {path}")
+        return []
     device = jax.devices()[0]
     print(
         f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}; "
@@ -345,28 +585,44 @@ def main(argv: list[str]) -> list[dict]:
             f"warning: no peak FLOP/s for device kind {device.device_kind!r}; add it to "
             "lmsuite.training.report.PEAK_FLOPS for MFU"
         )
+    command = shlex.join([sys.executable, __file__, *argv])
     rows = []
     for experiment in experiments:
-        rows += measure_experiment(experiment, batch_size=batch_size, steps=steps, warmup=warmup)
-    print(format_table(rows))
-    for row in rows:
-        if not math.isfinite(row["final_loss"]):
-            print(f"warning: {row['experiment']} {row['variant']}: loss {row['final_loss']}")
-    if args.out:
-        command = shlex.join([sys.executable, __file__, *argv])
-        with open(args.out, "a") as out:
-            for row in rows:
-                record = dict(
-                    device_kind=device.device_kind,
-                    platform=device.platform,
-                    jax_version=jax.__version__,
-                    command=command,
-                    dry_run=args.dry_run,
-                    time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    **row,
+        if args.setup:
+            prepared = load_prepared(args.setup, experiment)
+            rows_prepared = len(next(iter(prepared.batch.values())))
+            if batch_size is not None and batch_size > rows_prepared:
+                parser.error(
+                    f"--batch_size={batch_size} but {args.setup} holds {rows_prepared} rows of "
+                    f"{experiment}'s batch; prepare it with --batch_size={batch_size} or more"
                 )
-                out.write(json.dumps(record) + "\n")
-        print(f"wrote {len(rows)} rows to {args.out}")
+            if batch_size is not None:
+                prepared.batch = {k: v[:batch_size] for k, v in prepared.batch.items()}
+        else:
+            prepared = prepare_experiment(experiment, batch_size=batch_size, ablate=args.ablate)
+        measured = measure_experiment(prepared, steps=steps, warmup=warmup, trace_dir=args.trace)
+        rows += measured
+        # Each experiment is printed and written as it ends, so a run cut short keeps it.
+        print(format_table(measured), flush=True)
+        for row in measured:
+            if not math.isfinite(row["final_loss"]):
+                print(f"warning: {row['experiment']} {row['variant']}: loss {row['final_loss']}")
+        if args.out:
+            with open(args.out, "a") as out:
+                for row in measured:
+                    record = dict(
+                        device_kind=device.device_kind,
+                        platform=device.platform,
+                        jax_version=jax.__version__,
+                        command=command,
+                        dry_run=args.dry_run,
+                        time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        **row,
+                    )
+                    out.write(json.dumps(record) + "\n")
+            print(f"wrote {len(measured)} rows to {args.out}")
+    if len(experiments) > 1:
+        print(format_table(rows))
     return rows
 
 

@@ -9,8 +9,9 @@ program):
          `shard_map`, one kernel per batch and head shard. L and M must be multiples of 128
          (its key block is a multiple of the lane width); otherwise the XLA program below.
   GPU    `jax.nn.dot_product_attention(implementation="cudnn")` for bf16/fp16 with K <= 128, a
-         multiple of 8; else implementation=None (XLA). Only offered when this process has a
-         GPU backend: the cuDNN path asks the driver for its version while tracing.
+         multiple of 8, and even L and M under a mask (`gpu_implementation`); else
+         implementation=None (XLA). Only offered when this process has a GPU backend: the cuDNN
+         path asks the driver for its version while tracing.
   other  `jax.nn.dot_product_attention(implementation="xla")`, the reference.
 
 Queries must already be scaled: every program here uses scale 1.
@@ -101,17 +102,39 @@ def fused_attention(q_BLHK, k_BMHK, v_BMHK, layout: MaskLayout | None, *, interp
     branches = dict(tpu=splash if splash_fits else xla, default=xla)
     if jax.default_backend() == "gpu":
         branches["cuda"] = functools.partial(
-            _dot_product, layout=layout, implementation=_gpu_implementation(q_BLHK)
+            _dot_product,
+            layout=layout,
+            implementation=gpu_implementation(
+                q_BLHK, k_BMHK, dense_mask=layout.q_segment_ids_BL is not None
+            ),
         )
     return jax.lax.platform_dependent(q_BLHK, k_BMHK, v_BMHK, **branches)
 
 
-def _gpu_implementation(q_BLHK) -> str | None:
-    """cuDNN's flash attention where its constraints hold, else XLA (None)."""
-    head_dim = q_BLHK.shape[-1]
-    if q_BLHK.dtype in (jnp.bfloat16, jnp.float16) and head_dim <= 128 and head_dim % 8 == 0:
-        return "cudnn"
-    return None
+def gpu_implementation(q_BLHK, k_BMHK, *, dense_mask: bool) -> str | None:
+    """cuDNN's flash attention where its constraints hold, else XLA (None), logging why once.
+
+    The constraints are those `jax.nn.dot_product_attention` checks while tracing: bf16/fp16, a
+    head dim <= 128 (Hopper allows 256) that is a multiple of 8, and, when a dense mask rides
+    as cuDNN's bias (`_dot_product` passes one with segment ids), even L and M in training. On
+    an H200 a decoder of 29 targets over 128 inputs failed that last check.
+    """
+    head_dim, length, memory = q_BLHK.shape[-1], q_BLHK.shape[1], k_BMHK.shape[1]
+    if q_BLHK.dtype not in (jnp.bfloat16, jnp.float16):
+        return None  # float32 on a GPU: XLA's attention, the reference
+    if head_dim > 128 or head_dim % 8:
+        _log_once(
+            f"attention_impl='fused': on a GPU this attention runs XLA's program, not cuDNN "
+            f"(the head dim must be <= 128 and a multiple of 8, got {head_dim})"
+        )
+        return None
+    if dense_mask and (length % 2 or memory % 2):
+        _log_once(
+            f"attention_impl='fused': on a GPU this attention runs XLA's program, not cuDNN "
+            f"(with a mask cuDNN needs even L and M, got L={length}, M={memory})"
+        )
+        return None
+    return "cudnn"
 
 
 def _dot_product(q_BLHK, k_BMHK, v_BMHK, *, layout: MaskLayout, implementation):

@@ -25,7 +25,7 @@ module is the table they form and the choosing: `get`, `make_recipe` (what gin c
 
 import dataclasses
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import seqio
@@ -156,15 +156,26 @@ def make_recipe(
     )
 
 
+def loss_call(
+    choice: RecipeChoice, *, model_config: ModelConfig
+) -> tuple[Callable[..., Objective], dict[str, Any]]:
+    """(the loss constructor of `choice`, its keyword arguments for `model_config`): `build`'s
+    objective is `loss(**options)`. Both pickle by reference into `lmsuite.objectives`, which
+    needs no TensorFlow, so a host without the data stack can rebuild the objective
+    (benchmarks/accelerator_step.py on an accelerator image)."""
+    options = dict(choice.loss_options)
+    if choice.recipe.token_types == "optional" and model_config.type_vocab_size < 2:
+        options["token_type_ids"] = None  # the model has no second segment type to read
+    return choice.recipe.loss, options
+
+
 def build(choice: RecipeChoice, *, model_config: ModelConfig, tasks: Sequence[str] = ()) -> Built:
     """The converter and loss of `choice` for `model_config` (token types only where the model
     has a type table); with the `tasks` of a mixture (`mixtures.task_names`), per-task metrics
     where the row can carry task ids."""
     recipe = choice.recipe
-    options = dict(choice.loss_options)
-    if recipe.token_types == "optional" and model_config.type_vocab_size < 2:
-        options["token_type_ids"] = None  # the model has no second segment type to read
-    objective = recipe.loss(**options)
+    loss, options = loss_call(choice, model_config=model_config)
+    objective = loss(**options)
     if choice.task_weights and not tasks:
         raise ValueError(
             f"make_recipe.task_weights = {dict(choice.task_weights)} weigh a mixture's tasks, but "

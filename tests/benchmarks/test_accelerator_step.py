@@ -1,10 +1,17 @@
 """`benchmarks/accelerator_step.py`'s CPU dry run: both variants of the real step, measured."""
 
 import importlib.util
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from lmsuite.models import ModelConfig
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accelerator_step.py"
 
@@ -42,38 +49,100 @@ def test_dry_run_measures_both_variants(tmp_path, capsys):
     assert len(out.read_text().splitlines()) == 2
 
 
+def _prepared(module, rows: int):
+    variants = [
+        module.Variant(
+            name=name,
+            bindings={},
+            model=ModelConfig(dtype=dtype),
+            loss=None,
+            loss_options={},
+            optimizer=None,
+            trainer={},
+            sequence_length={"input_ids": 1},
+        )
+        for name, dtype in (("baseline", "float32"), ("fast", "bfloat16"))
+    ]
+    batch = {"input_ids": np.arange(rows)[:, None]}
+    return module.Prepared(
+        experiment="bert_tiny", variants=variants, notes=[], batch=batch, shapes_task="task"
+    )
+
+
 def test_out_of_memory_halves_the_batch_for_both_variants(monkeypatch, capsys):
     module = _load()
     measured = []
 
-    def fake_measure(run, batch_np, *, steps, warmup):
+    def fake_measure(variant, batch_np, *, steps, warmup, trace_dir=None):
         rows = len(batch_np["input_ids"])
-        measured.append((run.model.dtype, rows))
-        if rows > 2 and run.model.dtype == "bfloat16":  # only the fast variant runs out
+        measured.append((variant.model.dtype, batch_np["input_ids"][:, 0].tolist()))
+        if rows > 2 and variant.model.dtype == "bfloat16":  # only the fast variant runs out
             raise module.OutOfMemory("RESOURCE_EXHAUSTED: out of memory")
         return dict(
             batch_size=rows,
-            steps_per_sec=2.0 if run.model.dtype == "bfloat16" else 1.0,
+            steps_per_sec=2.0 if variant.model.dtype == "bfloat16" else 1.0,
             tokens_per_step=rows,
             xla_flops=1e9,
             plain_attention_reasons=[],
+            top_ops=[],
         )
 
     monkeypatch.setattr(module, "measure", fake_measure)
-    monkeypatch.setattr(
-        module, "read_batch", lambda run, built, rows: ({"input_ids": [[0]] * rows}, "task")
-    )
     monkeypatch.setattr(module.report, "device_peak_flops", lambda: 1e12)
-    rows = module.measure_experiment("bert_tiny", batch_size=8, steps=1, warmup=0)
+    rows = module.measure_experiment(_prepared(module, 8), steps=1, warmup=0)
+    # Each halving keeps the batch's first rows, the same rows for both variants.
     assert measured == [
-        ("float32", 8),
-        ("bfloat16", 8),
-        ("float32", 4),
-        ("bfloat16", 4),
-        ("float32", 2),
-        ("bfloat16", 2),
+        ("float32", list(range(8))),
+        ("bfloat16", list(range(8))),
+        ("float32", [0, 1, 2, 3]),
+        ("bfloat16", [0, 1, 2, 3]),
+        ("float32", [0, 1]),
+        ("bfloat16", [0, 1]),
     ]
     assert [(r["variant"], r["batch_size"]) for r in rows] == [("baseline", 2), ("fast", 2)]
     assert rows[1]["steps_per_sec_ratio"] == 2.0
     assert rows[1]["mfu"] == 2e9 / 1e12
     assert "out of memory at batch 8" in capsys.readouterr().out
+
+
+def test_a_missing_prepared_experiment_names_the_command_that_writes_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"--experiments=bert_tiny --prepare="):
+        _load().load_prepared(str(tmp_path), "bert_tiny")
+
+
+# The accelerator image of the `device` tool has JAX, Flax and Optax but no TensorFlow or SeqIO:
+# `--setup` must measure with both unimportable.
+_WITHOUT_DATA_STACK = """
+import sys
+for name in ("tensorflow", "seqio", "tensorflow_text", "tensorflow_datasets", "gin"):
+    sys.modules[name] = None
+import importlib.util
+spec = importlib.util.spec_from_file_location("accelerator_step", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.slow  # compiles two steps
+def test_prepared_experiments_measure_without_the_data_stack(tmp_path):
+    module = _load()
+    folder = str(tmp_path / "prepared")
+    module.main(["--dry_run", "--experiments=bert_base", f"--prepare={folder}"])
+    prepared = module.load_prepared(folder, "bert_tiny")
+    assert [v.name for v in prepared.variants] == ["baseline", "fast"]
+    assert prepared.variants[1].model.dtype == "bfloat16"
+    assert len(prepared.batch["input_ids"]) == module.DRY_RUN["batch_size"]
+    out = tmp_path / "rows.jsonl"
+    argv = ["--dry_run", "--experiments=bert_base", f"--setup={folder}", "--steps=1"]
+    argv += ["--warmup=0", "--batch_size=2", f"--out={out}"]
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_DATA_STACK, str(SCRIPT), *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["variant"], r["batch_size"]) for r in rows] == [("baseline", 2), ("fast", 2)]
+    assert all(math.isfinite(r["final_loss"]) and r["xla_flops"] > 0 for r in rows)

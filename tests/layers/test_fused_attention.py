@@ -303,3 +303,30 @@ def test_models_that_cannot_fuse_keep_the_plain_loss_and_log_once(
     assert not calls
     messages = _plain_messages(fresh_log)
     assert len(messages) == 1 and reason in messages[0], messages
+
+
+@pytest.mark.parametrize(
+    "dtype,head_dim,length,memory,dense_mask,want",
+    [
+        (jnp.bfloat16, 64, 512, 512, True, "cudnn"),
+        (jnp.float16, 128, 114, 512, True, "cudnn"),
+        (jnp.bfloat16, 64, 29, 128, False, "cudnn"),  # no bias: odd lengths are fine
+        (jnp.bfloat16, 64, 29, 128, True, None),  # t5_1_1_tiny's cross-attention on an H200
+        (jnp.bfloat16, 12, 16, 16, False, None),
+        (jnp.bfloat16, 256, 16, 16, False, None),
+        (jnp.float32, 64, 512, 512, True, None),
+    ],
+)
+def test_the_gpu_path_asks_cudnn_only_for_what_it_accepts(
+    dtype, head_dim, length, memory, dense_mask, want, fresh_log
+):
+    q_BLHK = jax.ShapeDtypeStruct((2, length, 4, head_dim), dtype)
+    k_BMHK = jax.ShapeDtypeStruct((2, memory, 4, head_dim), dtype)
+    got = fused_attention.gpu_implementation(q_BLHK, k_BMHK, dense_mask=dense_mask)
+    assert got == want
+    messages = [r.getMessage() for r in fresh_log.records]
+    if want is None and dtype != jnp.float32:  # float32 is XLA's by design, not a fallback
+        assert len(messages) == 1 and "not cuDNN" in messages[0], messages
+        assert str(head_dim) in messages[0] or f"L={length}" in messages[0]
+    else:
+        assert not messages
