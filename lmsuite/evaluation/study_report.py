@@ -264,6 +264,9 @@ def write_report(
         "",
         *table(results, probes, match),
         "",
+        "Wall is the pretraining and probing time of the process that finished each run (the mean "
+        "over seeds): a run resumed after a stop counts only what ran after its last restart.",
+        "",
         "## The papers' headline directions",
         "",
         *(claims(results, probes, match) or ["- none of the compared pairs is in the study"]),
