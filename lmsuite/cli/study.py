@@ -16,7 +16,8 @@ size for all).
 
 DIR keeps everything: study.json (the protocol; a resumed study must keep it), and per run
 runs/EXPERIMENT/BUDGET/seedN/ with pretrain/ (the run directory: config.gin, metrics.jsonl,
-checkpoints), probes/ (each rate's metrics.json) and result.json, written last. A killed study
+checkpoints), pretrain_segments.json (when each process pretrained it: the run's wall time),
+probes/ (each rate's metrics.json) and result.json, written last. A killed study
 run again with the same flags skips every run that has its result.json, resumes a pretraining
 from its newest checkpoint and a sweep from its next rate; adding experiments, budgets or seeds
 extends it. The report (report.md, results.csv, accuracy_vs_flops.png) is rewritten after
@@ -265,6 +266,36 @@ def plan_study(experiments, budgets, protocol) -> dict:
     return out
 
 
+SEGMENTS_FILE = "pretrain_segments.json"
+
+
+def begin_segment(run_dir: str, metrics_path: str) -> list[dict]:
+    """Appends this process's pretraining segment ({"start": now}) to the run's segments and
+    returns them. A segment left without an end (its process was stopped) ends when it last
+    wrote a metric, the metrics file's modification time: the time it spent after that (at
+    most one log window, or an evaluation) is not counted."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, SEGMENTS_FILE)
+    segments = []
+    if os.path.exists(path):
+        with open(path) as f:
+            segments = json.load(f)
+    if segments and "end" not in segments[-1]:
+        last_write = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else 0.0
+        segments[-1]["end"] = max(segments[-1]["start"], last_write)
+    segments.append({"start": time.time()})
+    _write_json(path, segments)
+    return segments
+
+
+def end_segment(run_dir: str, segments: list[dict]) -> float:
+    """Closes the last segment now and returns the seconds of all of them: the run's
+    pretraining wall time across every process that worked on it."""
+    segments[-1]["end"] = time.time()
+    _write_json(os.path.join(run_dir, SEGMENTS_FILE), segments)
+    return sum(segment["end"] - segment["start"] for segment in segments)
+
+
 def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: float, protocol,
              progress: bool) -> dict:  # fmt: skip
     """Pretrains one run of the study (resuming its checkpoints) and returns its record."""
@@ -284,9 +315,9 @@ def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: fl
         f"train.progress_bar = {progress}",
     ]
     run = _experiment_run(experiment, model_dir, bindings)
-    started = time.perf_counter()
+    segments = begin_segment(run_dir, os.path.join(model_dir, "metrics.jsonl"))
     lmsuite.train(run)
-    seconds = time.perf_counter() - started
+    seconds = end_segment(run_dir, segments)
     history = metrics.read_jsonl(os.path.join(model_dir, "metrics.jsonl"))
     held_out = {}
     for record in history:  # the last evaluation (a finished run resumed evaluates no more)

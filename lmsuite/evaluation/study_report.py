@@ -264,8 +264,8 @@ def write_report(
         "",
         *table(results, probes, match),
         "",
-        "Wall is the pretraining and probing time of the process that finished each run (the mean "
-        "over seeds): a run resumed after a stop counts only what ran after its last restart.",
+        "Wall is each run's pretraining (every process that worked on it, until its last "
+        "metric) and probing time, the mean over seeds.",
         "",
         "## The papers' headline directions",
         "",

@@ -74,6 +74,22 @@ def test_budgets_become_whole_steps_within_five_percent():
 
 
 @pytest.mark.slow
+def test_a_runs_wall_time_adds_every_process_that_pretrained_it(tmp_path, monkeypatch):
+    clock = iter([100.0, 500.0, 530.0])
+    monkeypatch.setattr(study.time, "time", lambda: next(clock))
+    metrics = tmp_path / "pretrain" / "metrics.jsonl"
+    first = study.begin_segment(str(tmp_path), str(metrics))  # at 100 s; no metrics yet
+    assert first == [{"start": 100.0}]
+    metrics.parent.mkdir()
+    metrics.write_text('{"step": 10}\n')
+    os.utime(metrics, (140.0, 140.0))  # its last metric at 140 s, then the process is killed
+    segments = study.begin_segment(str(tmp_path), str(metrics))  # resumed at 500 s
+    assert segments == [{"start": 100.0, "end": 140.0}, {"start": 500.0}]
+    assert study.end_segment(str(tmp_path), segments) == 40.0 + 30.0  # finished at 530 s
+    written = json.loads((tmp_path / study.SEGMENTS_FILE).read_text())
+    assert written == [{"start": 100.0, "end": 140.0}, {"start": 500.0, "end": 530.0}]
+
+
 def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypatch, capsys):
     # bert_tiny at batch 8: 20 steps; two seeds, no scratch baselines
     argv = ["study", f"--out={tmp_path}", "--experiments=bert_tiny", "--seeds=2",
