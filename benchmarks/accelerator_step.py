@@ -45,10 +45,10 @@ MFU = model FLOPs per step x steps/s / the device's bf16 dense peak (`report.PEA
 is measured). Model FLOPs are the baseline's XLA count for both variants: the same math, and on a
 GPU cuDNN's attention is a custom call that XLA's count leaves out. The fast variant's own
 count is kept in the JSON (`xla_flops`). Where the backend counts no lowered step (jax 0.11's
-GPU backend), the compiled module's count stands in (`flops_source`). Memory is XLA's figure for the compiled step
-(arguments + outputs not donated + temporaries) and, where the backend reports it, the
-device's allocator high-water mark so far in this process (it only grows from one variant to
-the next).
+GPU backend), the compiled module's count stands in (`flops_source`). Memory is XLA's figure
+for the compiled step (arguments + outputs not donated + temporaries) and, where the backend
+reports it, the device's allocator high-water mark so far in this process (it only grows from
+one variant to the next).
 
 A variant that runs out of device memory halves the batch (its first rows), says so, and both
 variants are measured again at the smaller batch, so the ratio compares equal batches.
