@@ -196,6 +196,8 @@ def prepare_experiment(
     fast, notes = fast_bindings(experiment, runs["baseline"])
     dropout = {k: v for k, v in fast.items() if k == "ModelConfig.attention_dropout_rate"}
     for name, step_bindings in ABLATION.items() if ablate else ():
+        if name == "no_attn_dropout" and not dropout:
+            continue  # the experiment has no attention dropout: the baseline already is this
         bindings[name] = {**step_bindings, **dropout}
         runs[name] = load_run(experiment, bindings[name])
     bindings["fast"] = fast

@@ -71,7 +71,8 @@ def sweep(
     Returns:
       {"probe", "selected_learning_rate", "dev_accuracy", "test_accuracy",
        "test_majority_class_share", "test_examples", "per_rate": {rate: {dev, test}},
-       "seconds"} (seconds: this call's fine-tuning time; rates loaded from disk add none).
+       "seconds"} (seconds: the fine-tuning time of every rate, each kept in its metrics.json,
+       so a sweep resumed after a stop counts the rates an earlier process ran).
     """
     if not learning_rates:
         raise ValueError("the sweep needs at least one learning rate")
@@ -83,7 +84,6 @@ def sweep(
     if max_dev is not None:
         dev = dev[:max_dev]
     model = finetune.open_model(model)
-    started = time.perf_counter()
     per_rate = {}
     for rate in learning_rates:
         path = os.path.join(out_dir, probe, _rate_name(rate), "metrics.json")
@@ -91,6 +91,7 @@ def sweep(
             with open(path) as f:
                 per_rate[rate] = json.load(f)
             continue
+        started = time.perf_counter()
         result = finetune.finetune_classifier(
             model,
             train=train,
@@ -114,6 +115,7 @@ def sweep(
             "dev_examples": len(dev),
             "test_examples": len(test),
             "history": result.history,
+            "seconds": time.perf_counter() - started,
         }
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
@@ -136,5 +138,5 @@ def sweep(
             f"{r:g}": {"dev": per_rate[r]["dev_accuracy"], "test": per_rate[r]["test_accuracy"]}
             for r in learning_rates
         },
-        "seconds": time.perf_counter() - started,
+        "seconds": sum(per_rate[r].get("seconds", 0.0) for r in learning_rates),
     }

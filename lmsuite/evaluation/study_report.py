@@ -264,8 +264,8 @@ def write_report(
         "",
         *table(results, probes, match),
         "",
-        "Wall is each run's pretraining (every process that worked on it, until its last "
-        "metric) and probing time, the mean over seeds.",
+        "Wall is each run's pretraining and probing time over every process that worked on it "
+        "(a stopped pretraining counts until its last metric), the mean over seeds.",
         "",
         "## The papers' headline directions",
         "",

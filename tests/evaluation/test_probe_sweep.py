@@ -60,3 +60,11 @@ def test_the_best_dev_rate_is_chosen_and_its_test_accuracy_reported(tmp_path, mo
     )  # fmt: skip
     assert calls == [1e-4, 1e-3, 3e-3, 1e-2]
     assert again["selected_learning_rate"] == 1e-2 and again["test_accuracy"] == 0.40
+    # its time counts the rates the first sweep ran, as each rate's metrics.json recorded them
+    rate_seconds = [
+        json.loads((tmp_path / "vader_sentiment" / name / "metrics.json").read_text())["seconds"]
+        for name in ("lr0.0001", "lr0.001", "lr0.003", "lr0.01")
+    ]
+    assert all(t > 0 for t in rate_seconds)
+    assert out["seconds"] == pytest.approx(sum(rate_seconds[:3]))
+    assert again["seconds"] == pytest.approx(sum(rate_seconds))
