@@ -105,6 +105,10 @@ DRY_RUN = dict(batch_size=4, steps=2, warmup=1)
 TRAINER_FIELDS = ("seed", "rules", "num_microbatches", "skip_nonfinite", "prng_impl", "train_steps")
 
 
+def gib(size: int | None) -> str:
+    return "-" if size is None else f"{size / GIB:.2f}"
+
+
 class OutOfMemory(Exception):
     """The device refused the step for want of memory."""
 
@@ -137,6 +141,10 @@ class Prepared:
     notes: list[str]
     batch: dict[str, np.ndarray]
     shapes_task: str
+    # XLA's count of the baseline step over the whole prepared batch, lowered where it was
+    # prepared: a GPU backend counts no lowered step, and its compiled count leaves out every
+    # GEMM it hands to cuBLAS (t5_1_1_base: 0.28 of about 27 TFLOP).
+    host_flops: float | None = None
 
 
 def load_run(experiment: str, bindings: dict[str, str]):
@@ -223,6 +231,29 @@ def prepare_experiment(
     )
 
 
+def select_variants(prepared: Prepared, names: list[str]) -> list[Variant]:
+    """`prepared`'s variants named in `names`, in their own order.
+
+    Raises:
+      ValueError: a name it does not hold, listing those it does.
+    """
+    held = [variant.name for variant in prepared.variants]
+    unknown = [name for name in names if name not in held]
+    if unknown or not names:
+        raise ValueError(
+            f"--variants={','.join(names)}: {prepared.experiment} has variants {held} (prepare "
+            f"with --ablate for {', '.join(ABLATION)})"
+        )
+    return [variant for variant in prepared.variants if variant.name in names]
+
+
+def host_flops(prepared: Prepared) -> float | None:
+    """XLA's count of `prepared`'s baseline step over its whole batch, lowered on this host."""
+    (baseline,) = [variant for variant in prepared.variants if variant.name == "baseline"]
+    lowered = lower_step(baseline, prepared.batch)[0]
+    return report.lowered_flops(lowered, loop_trips=baseline.trainer["num_microbatches"])
+
+
 def prepared_path(folder: str, experiment: str) -> Path:
     return Path(folder) / f"{experiment}.pkl"
 
@@ -269,16 +300,11 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def measure(
-    variant: Variant, batch_np, *, steps: int, warmup: int, trace_dir: str | None = None
-) -> dict:
-    """Builds, lowers, compiles and times `variant`'s train step over `batch_np` on the first
-    device, as `lmsuite train` builds it (the recipe's objective, `Transformer`,
-    `create_sharded_state`, `step.jit_train_step`, the loop's dropout key).
-
-    Raises:
-      OutOfMemory: compiling or running the step exhausted the device's memory.
-    """
+def lower_step(variant: Variant, batch_np) -> tuple:
+    """(lowered step, state, batch, dropout key, the fused path's log lines) of `variant`'s train
+    step over `batch_np` on the first device, as `lmsuite train` builds it (the recipe's
+    objective, `Transformer`, `create_sharded_state`, `step.jit_train_step`, the loop's dropout
+    key)."""
     trainer = variant.trainer
     mesh = partitioning.make_mesh(devices=jax.devices()[:1])
     objective = variant.loss(**variant.loss_options)
@@ -319,12 +345,40 @@ def measure(
             skip_nonfinite=trainer["skip_nonfinite"],
         )
         rng = step.dropout_key(trainer["seed"] + 1, trainer["prng_impl"])
-        started = time.perf_counter()
         lowered = train_step.lower(state, batch, rng)
+    finally:
+        fused_attention.logger.removeHandler(collect)
+    return lowered, state, batch, rng, collect.lines
+
+
+def measure(
+    variant: Variant,
+    batch_np,
+    *,
+    steps: int,
+    warmup: int,
+    trace_dir: str | None = None,
+    host_flops: float | None = None,
+) -> dict:
+    """Lowers (`lower_step`), compiles and times `variant`'s train step over `batch_np`.
+    `host_flops`: XLA's count of this step lowered on the preparing host, used where this
+    backend counts no lowered step.
+
+    Raises:
+      OutOfMemory: compiling or running the step exhausted the device's memory.
+    """
+    trainer = variant.trainer
+    objective = variant.loss(**variant.loss_options)
+    batch_size = len(next(iter(batch_np.values())))
+    try:
+        started = time.perf_counter()
+        lowered, state, batch, rng, fused_log = lower_step(variant, batch_np)
         xla_flops = report.lowered_flops(lowered, loop_trips=trainer["num_microbatches"])
         compiled = lowered.compile()
         compile_seconds = time.perf_counter() - started
         flops_source = "lowered"
+        if xla_flops is None and host_flops is not None:
+            xla_flops, flops_source = host_flops, "lowered on the preparing host"
         if xla_flops is None:  # a GPU backend counts only the optimized module
             xla_flops, flops_source = report.lowered_flops(compiled), "compiled"
         for _ in range(warmup):
@@ -342,8 +396,6 @@ def measure(
         if "RESOURCE_EXHAUSTED" in str(error):
             raise OutOfMemory(str(error).splitlines()[0]) from error
         raise
-    finally:
-        fused_attention.logger.removeHandler(collect)
     memory = compiled.memory_analysis()
     xla_bytes = None
     if memory is not None:
@@ -363,13 +415,13 @@ def measure(
         warmup=warmup,
         seconds=seconds,
         steps_per_sec=steps / seconds,
-        compile_seconds=compile_seconds,
+        compile_seconds=compile_seconds,  # init, lowering and compile
         xla_flops=xla_flops,
         flops_source=flops_source,
         xla_memory_bytes=xla_bytes,
         device_peak_bytes_so_far=stats.get("peak_bytes_in_use"),
         cudnn_attention_calls=compiled.as_text().count("__cudnn$fmha"),
-        plain_attention_reasons=collect.lines,
+        plain_attention_reasons=fused_log,
         final_loss=loss,
         top_ops=top_ops,
     )
@@ -427,7 +479,7 @@ def measure_experiment(
     fit; one row each, the fast row with the ratios."""
     for note in prepared.notes:
         print(f"note: {note}")
-    batch = len(next(iter(prepared.batch.values())))
+    batch = prepared_rows = len(next(iter(prepared.batch.values())))
     while True:
         batch_np = {k: v[:batch] for k, v in prepared.batch.items()}
         rows = []
@@ -444,6 +496,16 @@ def measure_experiment(
                     warmup=warmup,
                     trace_dir=trace_dir
                     and str(Path(trace_dir) / f"{prepared.experiment}_{variant.name}"),
+                    host_flops=prepared.host_flops
+                    if variant.name == "baseline" and batch == prepared_rows
+                    else None,
+                )
+                # At once, so that a call cut short by its time limit still shows it.
+                print(
+                    f"  {row['steps_per_sec']:.3f} steps/s, {gib(row['xla_memory_bytes'])} GiB "
+                    f"(XLA), {row['cudnn_attention_calls']} cuDNN attention calls; init, lowering "
+                    f"and compile {row['compile_seconds']:.0f} s",
+                    flush=True,
                 )
                 for op in row["top_ops"]:
                     print(f"  {op['ms_per_step']:9.3f} ms/step x{op['calls_per_step']:5.1f}  "
@@ -468,11 +530,16 @@ def measure_experiment(
                 f"halving to {batch // 2} and measuring both variants again"
             )
             batch //= 2
-    baseline = rows[0]
+    baseline = next((row for row in rows if row["variant"] == "baseline"), None)
+    model_flops = None  # the baseline's count: the same math for every variant
+    if baseline is not None:
+        model_flops = baseline["xla_flops"]
+    elif batch == prepared_rows:  # --variants without the baseline
+        model_flops = prepared.host_flops
     peak = report.device_peak_flops()
     for row in rows:
         row["notes"] = prepared.notes if row["variant"] != "baseline" else []
-        row["model_flops"] = baseline["xla_flops"]
+        row["model_flops"] = model_flops
         row["tokens_per_sec"] = row["tokens_per_step"] * row["steps_per_sec"]
         row["peak_flops"] = peak
         row["mfu"] = (
@@ -480,14 +547,14 @@ def measure_experiment(
             if peak and row["model_flops"]
             else None
         )
-    for row in rows[1:]:
-        row["steps_per_sec_ratio"] = row["steps_per_sec"] / baseline["steps_per_sec"]
+    for row in rows:
+        if baseline is not None and row is not baseline:
+            row["steps_per_sec_ratio"] = row["steps_per_sec"] / baseline["steps_per_sec"]
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
     """One line per variant, and per experiment the fast / baseline ratio of steps/s."""
-    gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"  # noqa: E731
     lines = [
         f"{'experiment':14s} {'variant':15s} {'batch':>5s} {'steps/s':>9s} {'tokens/s':>10s} "
         f"{'TFLOP/step':>10s} {'MFU':>6s} {'XLA GiB':>8s} {'peak GiB':>8s} {'cuDNN':>5s} "
@@ -548,6 +615,13 @@ def main(argv: list[str]) -> list[dict]:
         f"change at a time ({', '.join(ABLATION)})",
     )
     parser.add_argument(
+        "--variants",
+        default=None,
+        metavar="NAMES",
+        help="measure only these variants (comma-separated, e.g. fast to trace it alone); "
+        "without baseline, MFU uses the host's count from --prepare and no ratio is printed",
+    )
+    parser.add_argument(
         "--trace",
         default=None,
         metavar="DIR",
@@ -571,11 +645,10 @@ def main(argv: list[str]) -> list[dict]:
     if args.prepare:
         Path(args.prepare).mkdir(parents=True, exist_ok=True)
         for experiment in experiments:
-            path = save_prepared(
-                args.prepare,
-                prepare_experiment(experiment, batch_size=batch_size, ablate=args.ablate),
-            )
-            print(f"wrote {path}")
+            prepared = prepare_experiment(experiment, batch_size=batch_size, ablate=args.ablate)
+            prepared.host_flops = host_flops(prepared)
+            path = save_prepared(args.prepare, prepared)
+            print(f"wrote {path} (baseline: {prepared.host_flops or 0:.4g} FLOPs per step here)")
         return []
     device = jax.devices()[0]
     print(
@@ -598,10 +671,18 @@ def main(argv: list[str]) -> list[dict]:
                     f"--batch_size={batch_size} but {args.setup} holds {rows_prepared} rows of "
                     f"{experiment}'s batch; prepare it with --batch_size={batch_size} or more"
                 )
-            if batch_size is not None:
+            if batch_size is not None and batch_size != rows_prepared:
                 prepared.batch = {k: v[:batch_size] for k, v in prepared.batch.items()}
+                if prepared.host_flops is not None:
+                    print(
+                        f"note: {experiment}: the host's FLOP count is of {rows_prepared} rows; "
+                        f"prepare with --batch_size={batch_size} to use it at this batch"
+                    )
+                prepared.host_flops = None
         else:
             prepared = prepare_experiment(experiment, batch_size=batch_size, ablate=args.ablate)
+        if args.variants:
+            prepared.variants = select_variants(prepared, args.variants.split(","))
         measured = measure_experiment(prepared, steps=steps, warmup=warmup, trace_dir=args.trace)
         rows += measured
         # Each experiment is printed and written as it ends, so a run cut short keeps it.

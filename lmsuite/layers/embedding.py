@@ -30,7 +30,10 @@ class Embed(nn.Module):
         )
 
     def __call__(self, ids):
-        return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
+        # Gather in the parameter dtype, then cast: the gradient's scatter-add then sums a
+        # frequent row's many contributions in float32, not bfloat16 (whose 8-bit mantissa
+        # drops an addend once the sum is ~256x larger).
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
     def attend(self, x_BLE):
         """Scores every row against `x`: the tied output projection (…, E) -> (…, V)."""

@@ -112,5 +112,7 @@ class RelativePositionBias(nn.Module):
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        bias_LMH = jnp.take(jnp.asarray(table_RH, self.dtype), jnp.asarray(bucket_LM), axis=0)
+        # Gathered in float32, then cast: the gradient sums L * M entries into R * H rows, which a
+        # bfloat16 scatter-add would round away (`Embed.__call__`).
+        bias_LMH = jnp.take(table_RH, jnp.asarray(bucket_LM), axis=0).astype(self.dtype)
         return jnp.transpose(bias_LMH, (2, 0, 1))[None]

@@ -92,7 +92,6 @@ class UntiedPositionBias(nn.Module):
             (self.max_length + 1, self.features),
             jnp.float32,
         )
-        table_PD = jnp.asarray(table_PD, self.dtype)
         norm = make_norm(self.norm_type, eps=self.norm_eps, name="norm", dtype=self.dtype)
         proj = lambda name: DenseGeneral(
             (self.num_heads, self.head_dim),
@@ -106,9 +105,12 @@ class UntiedPositionBias(nn.Module):
         scale = jnp.asarray(1.0 / math.sqrt(2 * self.head_dim), self.dtype)
 
         # LayerNorm is per row: gathering rows first equals normalising the whole table.
-        rows_BLD = norm(jnp.take(table_PD, position_ids_BL + 1, axis=0))
+        # Rows gathered in float32, then cast (the gradient's scatter-add stays float32).
+        rows_BLD = norm(jnp.take(table_PD, position_ids_BL + 1, axis=0).astype(self.dtype))
         scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", query(rows_BLD) * scale, key(rows_BLD))
-        special_SD = norm(table_PD[jnp.array([CLS_TO_OTHERS_ROW, OTHERS_TO_CLS_ROW])])
+        special_SD = norm(
+            table_PD[jnp.array([CLS_TO_OTHERS_ROW, OTHERS_TO_CLS_ROW])].astype(self.dtype)
+        )
         theta_HS = jnp.einsum("SHK,SHK->HS", query(special_SD) * scale, key(special_SD))
         is_cls_BL = position_ids_BL == 0
         scores_BHLM = untie_cls(
@@ -138,5 +140,5 @@ class UntiedPositionBias(nn.Module):
         bucket_BLM = jnp.take(lookup_R, distance_BLM + self.max_length - 1)
         bucket_BLM = jnp.where(is_cls_BL[:, None, :], self.num_buckets, bucket_BLM)
         bucket_BLM = jnp.where(is_cls_BL[:, :, None], self.num_buckets // 2, bucket_BLM)
-        bias_BLMH = jnp.take(jnp.asarray(table_RH, self.dtype), bucket_BLM, axis=0)
+        bias_BLMH = jnp.take(table_RH, bucket_BLM, axis=0).astype(self.dtype)  # float32 scatter
         return jnp.transpose(bias_BLMH, (0, 3, 1, 2))

@@ -66,7 +66,7 @@ class SpanBoundaryHead(nn.Module):
             (cfg.sbo_max_span, cfg.sbo_position_dim),
         )
         rows_BP = jnp.clip(offsets_BP.astype(jnp.int32), 0, cfg.sbo_max_span - 1)
-        p_BPW = jnp.take(jnp.asarray(table_SW, dtype), rows_BP, axis=0)
+        p_BPW = jnp.take(table_SW, rows_BP, axis=0).astype(dtype)  # float32 scatter (Embed)
 
         dense = lambda width, in_names, name, **kw: DenseGeneral(
             (width,), in_names, (P.MLP,), kernel_init=kinit, dtype=dtype, name=name, **kw

@@ -69,11 +69,14 @@ def _prepared(module, rows: int):
     )
 
 
+_PRINTED = dict(compile_seconds=1.0, xla_memory_bytes=2**30, cudnn_attention_calls=0)
+
+
 def test_out_of_memory_halves_the_batch_for_both_variants(monkeypatch, capsys):
     module = _load()
     measured = []
 
-    def fake_measure(variant, batch_np, *, steps, warmup, trace_dir=None):
+    def fake_measure(variant, batch_np, *, steps, warmup, trace_dir=None, host_flops=None):
         rows = len(batch_np["input_ids"])
         measured.append((variant.model.dtype, batch_np["input_ids"][:, 0].tolist()))
         if rows > 2 and variant.model.dtype == "bfloat16":  # only the fast variant runs out
@@ -85,6 +88,7 @@ def test_out_of_memory_halves_the_batch_for_both_variants(monkeypatch, capsys):
             xla_flops=1e9,
             plain_attention_reasons=[],
             top_ops=[],
+            **_PRINTED,
         )
 
     monkeypatch.setattr(module, "measure", fake_measure)
@@ -103,6 +107,35 @@ def test_out_of_memory_halves_the_batch_for_both_variants(monkeypatch, capsys):
     assert rows[1]["steps_per_sec_ratio"] == 2.0
     assert rows[1]["mfu"] == 2e9 / 1e12
     assert "out of memory at batch 8" in capsys.readouterr().out
+
+
+def test_variants_select_and_mfu_without_the_baseline_uses_the_hosts_count(monkeypatch, capsys):
+    module = _load()
+    prepared = _prepared(module, 4)
+    with pytest.raises(ValueError, match=r"has variants \['baseline', 'fast'\]"):
+        module.select_variants(prepared, ["fast", "bf16"])
+    prepared.variants = module.select_variants(prepared, ["fast"])
+    prepared.host_flops = 3e9  # the baseline's count where it was prepared
+
+    def fake_measure(variant, batch_np, *, steps, warmup, trace_dir=None, host_flops=None):
+        # Only the first prepared variant is the baseline: no other is handed its count.
+        assert host_flops is None
+        return dict(
+            batch_size=len(batch_np["input_ids"]),
+            steps_per_sec=2.0,
+            tokens_per_step=4,
+            xla_flops=1e6,  # e.g. a GPU's compiled count, which leaves out cuBLAS' GEMMs
+            plain_attention_reasons=[],
+            top_ops=[],
+            **_PRINTED,
+        )
+
+    monkeypatch.setattr(module, "measure", fake_measure)
+    monkeypatch.setattr(module.report, "device_peak_flops", lambda: 1e12)
+    (row,) = module.measure_experiment(prepared, steps=1, warmup=0)
+    assert row["variant"] == "fast" and "steps_per_sec_ratio" not in row
+    assert row["model_flops"] == 3e9 and row["mfu"] == 2 * 3e9 / 1e12
+    assert "2.000 steps/s" in capsys.readouterr().out  # printed as soon as it is measured
 
 
 def test_a_missing_prepared_experiment_names_the_command_that_writes_it(tmp_path):
@@ -133,6 +166,7 @@ def test_prepared_experiments_measure_without_the_data_stack(tmp_path):
     assert [v.name for v in prepared.variants] == ["baseline", "fast"]
     assert prepared.variants[1].model.dtype == "bfloat16"
     assert len(prepared.batch["input_ids"]) == module.DRY_RUN["batch_size"]
+    assert prepared.host_flops > 0  # the baseline's count over those rows, lowered here
     out = tmp_path / "rows.jsonl"
     argv = ["--dry_run", "--experiments=bert_base", f"--setup={folder}", "--steps=1"]
     argv += ["--warmup=0", "--batch_size=2", f"--out={out}"]
@@ -146,3 +180,6 @@ def test_prepared_experiments_measure_without_the_data_stack(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["variant"], r["batch_size"]) for r in rows] == [("baseline", 2), ("fast", 2)]
     assert all(math.isfinite(r["final_loss"]) and r["xla_flops"] > 0 for r in rows)
+    # The host's count is of 4 rows: at 2 the CPU's own lowered count stands.
+    assert "the host's FLOP count is of 4 rows" in done.stdout
+    assert rows[0]["flops_source"] == "lowered"
