@@ -351,6 +351,7 @@ def run_one(
     `scratch_from` budget's run), its result.json written last; a run that has one is read
     back, not redone."""
     from lmsuite.evaluation import probe_sweep
+    from lmsuite.evaluation.load import load_run
 
     label = SCRATCH if budget is None else budget_label(budget)
     run_dir = os.path.join(out_dir, "runs", experiment, label, f"seed{seed}")
@@ -367,7 +368,9 @@ def run_one(
         with open(os.path.join(source, RESULT_FILE)) as f:  # (run before the baseline)
             first = json.load(f)
         record.update(recipe=first["recipe"], architecture=first["architecture"])
-        source = os.path.join(source, "pretrain")
+        # Its architecture and vocabulary only: no checkpoint is read, so a study whose
+        # checkpoints were deleted (or never copied along with its records) still runs it.
+        source = load_run(os.path.join(source, "pretrain"), weights=False)
     else:
         record.update(pretrain(experiment, seed, run_dir, planned, budget, protocol, progress))
         source = os.path.join(run_dir, "pretrain")

@@ -122,9 +122,19 @@ def _newest_verified(root: str, steps: list[int]) -> int:
     raise newest_error
 
 
-def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
-    """An lmsuite run directory (see the module docstring)."""
+def load_run(model_dir: str, step: int | None = None, *, weights: bool = True) -> LoadedModel:
+    """An lmsuite run directory (see the module docstring).
+
+    `weights=False` reads no checkpoint: the run's architecture and vocabulary with random
+    parameters (seed 0), for training the same model from scratch (`lmsuite study`'s baseline
+    needs only its config.gin, run.json and task, so it survives a run whose checkpoints were
+    deleted).
+    """
     run = run_config.read_run_config(model_dir)
+    if not weights:
+        if step is not None:
+            raise ValueError(f"step={step} reads a checkpoint; weights=False reads none")
+        return _architecture_only(model_dir, run)
     steps = committed_steps(model_dir)
     root = os.path.join(model_dir, CHECKPOINTS)
     if not steps:
@@ -139,10 +149,25 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
         raise ValueError(f"{model_dir} has no committed checkpoint step {step}; committed: {steps}")
     step_dir = os.path.join(root, str(step))
     checkpointing.verify(step_dir)  # a damaged array file is named, never loaded
-    # The run's --task_module imports and its --train_files task: TASK registers itself.
-    run_config.register_run_tasks(run, where=os.path.join(model_dir, run_config.RUN_FILE))
     config = run.model_config
     params = common.check_params(config, common.flatten(restore_params(f"{step_dir}/{STATE_ITEM}")))
+    return _loaded(model_dir, run, config, params, source=f"{model_dir} step {step}")
+
+
+def _architecture_only(model_dir: str, run) -> LoadedModel:
+    import jax
+
+    from lmsuite.evaluation.finetune import init_params
+
+    config = run.model_config.replace(scan_layers=False)
+    params = common.check_params(config, common.flatten(init_params(config, jax.random.key(0))))
+    source = f"{model_dir} (architecture only: random parameters, no checkpoint read)"
+    return _loaded(model_dir, run, config, params, source=source)
+
+
+def _loaded(model_dir: str, run, config, params, *, source: str) -> LoadedModel:
+    # The run's --task_module imports and its --train_files task: TASK registers itself.
+    run_config.register_run_tasks(run, where=os.path.join(model_dir, run_config.RUN_FILE))
     if config.scan_layers:
         # Checkpoints keep the layout the run trained with; evaluation and cached decoding run
         # the unscanned one (one cache entry per layer).
@@ -161,7 +186,7 @@ def load_run(model_dir: str, step: int | None = None) -> LoadedModel:
         causal_start_id=(
             config.decoder_start_id if families.family(config).scores(config) == "causal" else None
         ),
-        source=f"{model_dir} step {step}",
+        source=source,
     )
 
 

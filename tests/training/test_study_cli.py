@@ -4,6 +4,7 @@ turned into steps, and (slow) a killed study that resumes without redoing finish
 import json
 import os
 import shlex
+import shutil
 
 import pytest
 
@@ -147,9 +148,17 @@ def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_pat
             *TOY]  # fmt: skip
     assert cli.main(argv) == 0
     assert calls == [False, True]  # the pretrained run, then the baseline
-    record = json.loads(
-        (tmp_path / "runs" / "bert_tiny" / study.SCRATCH / "seed0" / "result.json").read_text()
-    )
+    scratch = tmp_path / "runs" / "bert_tiny" / study.SCRATCH / "seed0"
+    first = json.loads((scratch / "result.json").read_text())
+    # The baseline reads no checkpoint: without the pretrained run's, it runs again alike.
+    shutil.rmtree(scratch)
+    pretrained = scratch.parent.parent / study.budget_label(20 * 1.17e9) / "seed0"
+    shutil.rmtree(pretrained / "pretrain" / "checkpoints")
+    assert cli.main(argv) == 0
+    assert calls == [False, True, True]
+    record = json.loads((scratch / "result.json").read_text())
+    again, before = record["probes"]["trec_questions"], first["probes"]["trec_questions"]
+    assert again["test_accuracy"] == before["test_accuracy"]  # the same seed's architecture
     assert record["budget"] is None and record["steps"] == 0 and record["flops"] == 0.0
     report = (tmp_path / study_report.REPORT_FILE).read_text()
     assert "| bert_tiny | bert_mlm_nsp | none (scratch) | 1 |" in report
