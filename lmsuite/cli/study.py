@@ -86,6 +86,14 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("--no_scratch", action="store_true", help="no from-scratch baselines")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--export",
+        default=None,
+        metavar="DEST",
+        help="copy the finished runs' records and the report of --out to DEST (no checkpoints, "
+        "TensorBoard logs or training curves) and stop: DEST, run with the same flags, reads "
+        "them back and trains only what is left",
+    )
     parser.set_defaults(handler=run_study)
 
 
@@ -407,9 +415,50 @@ def _scratch_record(cost) -> dict:
     }
 
 
+# What `--export` copies: the study's files, and per finished run what reading it back needs
+# (result.json) and what shows how it ran; checkpoints, TensorBoard logs and metrics.jsonl stay.
+EXPORTED_STUDY_FILES = (STUDY_FILE, "report.md", "results.csv", "accuracy_vs_flops.png")
+EXPORTED_RUN_FILES = (RESULT_FILE, SEGMENTS_FILE, "pretrain/config.gin", "pretrain/run.json")
+
+
+def export_records(out_dir: str, dest: str) -> int:
+    """Copies `out_dir`'s study files and its finished runs' records (`EXPORTED_*`, each probe
+    rate's metrics.json) to `dest`; returns how many runs. A run without result.json is left:
+    without its checkpoints it would start again anyway.
+
+    Raises:
+      ConfigError: `out_dir` holds no study.
+    """
+    import shutil
+
+    if not os.path.isfile(os.path.join(out_dir, STUDY_FILE)):
+        raise ConfigError([f"--out={out_dir} holds no study to export ({STUDY_FILE} is missing)"])
+    wanted = [f for f in EXPORTED_STUDY_FILES if os.path.isfile(os.path.join(out_dir, f))]
+    runs = 0
+    for root, _, files in os.walk(os.path.join(out_dir, "runs")):
+        if RESULT_FILE not in files:
+            continue
+        runs += 1
+        run = os.path.relpath(root, out_dir)
+        wanted += [os.path.join(run, f) for f in EXPORTED_RUN_FILES]
+        for probe_root, _, probe_files in os.walk(os.path.join(root, "probes")):
+            if "metrics.json" in probe_files:
+                wanted.append(os.path.join(os.path.relpath(probe_root, out_dir), "metrics.json"))
+    for name in wanted:
+        source = os.path.join(out_dir, name)
+        if os.path.isfile(source):
+            os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
+            shutil.copy2(source, os.path.join(dest, name))
+    return runs
+
+
 def run_study(args) -> list[dict]:
     from lmsuite.evaluation import study_report
 
+    if args.export:
+        runs = export_records(args.out_dir, args.export)
+        print(f"exported the records of {runs} finished runs to {args.export}")
+        return []
     protocol, experiments, budgets, seeds = parse_settings(args)
     check_protocol(args.out_dir, protocol, write=False)  # a mismatch is named at once
     planned = plan_study(experiments, budgets, protocol)

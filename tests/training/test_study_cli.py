@@ -132,6 +132,17 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypa
     report = (tmp_path / study_report.REPORT_FILE).read_text()
     assert "| bert_tiny | bert_mlm_nsp | 2.34e+10 flops | 2 |" in report
 
+    # Exported without checkpoints, the records resume elsewhere with nothing trained again.
+    exported = tmp_path.parent / f"{tmp_path.name}_exported"
+    assert cli.main(["study", f"--out={tmp_path}", f"--export={exported}"]) == 0
+    assert not list(exported.rglob("checkpoints")) and not list(exported.rglob("*.tfevents*"))
+    assert (exported / first.relative_to(tmp_path) / "pretrain" / "config.gin").exists()
+    monkeypatch.setattr(lmsuite, "train", lambda run: pytest.fail("trained an exported run"))
+    argv[argv.index(f"--out={tmp_path}")] = f"--out={exported}"
+    assert cli.main(argv) == 0
+    report = (exported / study_report.REPORT_FILE).read_text()
+    assert "| bert_tiny | bert_mlm_nsp | 2.34e+10 flops | 2 |" in report
+
 
 @pytest.mark.slow
 def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_path, monkeypatch):
