@@ -103,10 +103,11 @@ def test_data_fsdp_tensor_mesh_gradients_equal_one_device(family):
 # bfloat16 rounds every activation and cotangent to 8 significant bits (u = 2**-8), and a mesh
 # sums partial products in another order than one device, so the two differ by rounding. The
 # bound is 16u of the largest gradient; measured 5e-3 (BERT, T5 1.1) to 1.4e-2 (GPT-2, BART),
-# while a wrongly partitioned gradient is off by O(1). DeBERTa is left to the float32 test: on one
-# device its first attention-output bias gradient (a near-cancelling sum over tokens) already
-# carries bf16 noise of ~18% of the gradient scale, so a mesh comparison there measures noise.
-BF16_FAMILIES = ["bert_tiny", "gpt2_tiny", "t5_1_1_tiny", "bart_tiny"]
+# while a wrongly partitioned gradient is off by O(1). DeBERTa v1 (deberta_tiny) is left to the
+# float32 test: on one device its first attention-output bias gradient (a near-cancelling sum
+# over tokens) already carries bf16 noise of ~18% of the gradient scale, and its mesh difference
+# is 6.4% of the scale (2026-12-04), just over the bound. DeBERTa v3 is within it.
+BF16_FAMILIES = ["bert_tiny", "gpt2_tiny", "t5_1_1_tiny", "bart_tiny", "deberta_v3_tiny"]
 BF16_REL_TOL = 16 * 2**-8
 
 
