@@ -116,6 +116,13 @@ class Classifier(nn.Module):
     a multi-task encoder's row-level `LabelHead`s (`num_labels` set: their own arity).
     `pooling` other than "first" (`pool_states`, given `mask_BL`) is how the fine-tuning probes
     read the families without a [CLS] token (`lmsuite.evaluation.probe_models`).
+
+    It computes in float32 whatever `compute_dtype` is: a row-level label's gradient is a small
+    difference between the classes' pooled states, and bfloat16 rounding of the pooler's input
+    and activations is of its order. On `bert_multitask_tiny`'s first step (256 rows) the
+    bfloat16 gradient of the SOP loss is 23% off float32's, and of the head's own parameters 22%
+    (the MLM's: 0.3%); with this head in float32, 10% and 6%. Two (B, D) matmuls: nothing a step
+    notices.
     """
 
     config: ModelConfig
@@ -126,10 +133,10 @@ class Classifier(nn.Module):
     def __call__(self, x_BLD, *, mask_BL=None, deterministic=True):
         cfg = self.config
         labels = cfg.num_labels if self.num_labels is None else self.num_labels
-        kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=cfg.compute_dtype)
+        kw = dict(kernel_init=default_kernel_init(cfg.init_stddev), dtype=jnp.float32)
         pooled_BD = jnp.tanh(
             DenseGeneral((cfg.d_model,), (P.EMBED,), (P.MLP,), name="pooler", **kw)(
-                pool_states(x_BLD, mask_BL, self.pooling)
+                pool_states(x_BLD, mask_BL, self.pooling).astype(jnp.float32)
             )
         )
         pooled_BD = nn.Dropout(cfg.dropout_rate)(pooled_BD, deterministic=deterministic)

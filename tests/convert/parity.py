@@ -75,10 +75,11 @@ def at_bf16(converted):
     return dataclasses.replace(converted, config=converted.config.replace(dtype="bfloat16"))
 
 
-def assert_bf16_close(ours, theirs, what: str, *, wrong):
-    """bfloat16 logits `ours` within BF16_REL_TOL of the largest f32 reference logit, while
-    `wrong` (the bfloat16 logits of a model with slightly perturbed weights) is not."""
-    assert np.asarray(ours).dtype.name == "bfloat16", np.asarray(ours).dtype
+def assert_bf16_close(ours, theirs, what: str, *, wrong, dtype: str = "bfloat16"):
+    """Logits `ours` of a model computing in bfloat16 (of `dtype`: a pooled classifier's are
+    float32, `heads.Classifier`) within BF16_REL_TOL of the largest f32 reference logit, while
+    `wrong` (the same logits of a model with slightly perturbed weights) is not."""
+    assert np.asarray(ours).dtype.name == dtype, np.asarray(ours).dtype
     tol = BF16_REL_TOL * float(np.max(np.abs(np.asarray(theirs, np.float64))))
     off = max_diff(wrong, theirs)
     assert off > 2 * tol, f"{what}: a perturbed model is only {off:.3g} off, tol {tol:.3g}"

@@ -62,11 +62,23 @@ def test_bf16_logits_near_f32_hf():
     wrong = at_bf16(convert.from_hf(perturb(copy.deepcopy(hf), seed=1, scale=0.01)))
     wrong_out = wrong.outputs(ids, mask, types)
     out = at_bf16(convert.from_hf(hf)).outputs(ids, mask, types)
-    for ours, theirs, off, what in [
-        ("mlm_logits", ref.prediction_logits, wrong_out["mlm_logits"], "bf16 prediction_logits"),
-        ("classifier_logits", ref.seq_relationship_logits, wrong_out["classifier_logits"], "nsp"),
+    for ours, theirs, off, what, dtype in [
+        (
+            "mlm_logits",
+            ref.prediction_logits,
+            wrong_out["mlm_logits"],
+            "bf16 prediction_logits",
+            "bfloat16",
+        ),
+        (
+            "classifier_logits",
+            ref.seq_relationship_logits,
+            wrong_out["classifier_logits"],
+            "nsp",
+            "float32",
+        ),
     ]:
-        assert_bf16_close(out[ours], theirs, what, wrong=off)
+        assert_bf16_close(out[ours], theirs, what, wrong=off, dtype=dtype)
 
 
 def test_relu_gelu_tanh_and_untied():
