@@ -7,7 +7,8 @@ shapes, and the backend compile is about half of a two-step `lmsuite train`. Tra
 still run, and the cache key holds the lowered module, the compile options, the devices and the
 jaxlib version, so a hit is the executable that compiling would have produced. Each session gets
 an empty directory (made by the controller before xdist starts its workers, which inherit it),
-so timings do not depend on an earlier run; `LMSUITE_TEST_JAX_CACHE=0` turns it off.
+so timings do not depend on an earlier run; a `JAX_COMPILATION_CACHE_DIR` already set is used
+as it is, and `LMSUITE_TEST_JAX_CACHE=0` turns the cache off.
 """
 
 import os

@@ -119,10 +119,9 @@ class Classifier(nn.Module):
 
     It computes in float32 whatever `compute_dtype` is: a row-level label's gradient is a small
     difference between the classes' pooled states, and bfloat16 rounding of the pooler's input
-    and activations is of its order. On `bert_multitask_tiny`'s first step (256 rows) the
-    bfloat16 gradient of the SOP loss is 23% off float32's, and of the head's own parameters 22%
-    (the MLM's: 0.3%); with this head in float32, 10% and 6%. Two (B, D) matmuls: nothing a step
-    notices.
+    and activations is of its order (benchmarks/RESULTS.md, "The sentence heads in bf16": in
+    float32 the head's gradient error against a float32 model drops by about half). It costs
+    two (B, D) matmuls.
     """
 
     config: ModelConfig

@@ -49,6 +49,6 @@ def test_a_bfloat16_models_classifier_runs_in_float32():
     assert logits16.dtype == jnp.float32
     np.testing.assert_array_equal(logits16, logits32)
     np.testing.assert_array_equal(loss16, loss32)
+    float32_grads = dict(jax.tree_util.tree_leaves_with_path(grads32))
     for path, g16 in jax.tree_util.tree_leaves_with_path(grads16):
-        g32 = dict(jax.tree_util.tree_leaves_with_path(grads32))[path]
-        np.testing.assert_array_equal(g16, g32, err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_array_equal(g16, float32_grads[path], err_msg=jax.tree_util.keystr(path))
