@@ -9,6 +9,11 @@ jaxlib version, so a hit is the executable that compiling would have produced. E
 an empty directory (made by the controller before xdist starts its workers, which inherit it),
 so timings do not depend on an earlier run; a `JAX_COMPILATION_CACHE_DIR` already set is used
 as it is, and `LMSUITE_TEST_JAX_CACHE=0` turns the cache off.
+
+The heaviest files run first. `make test` hands whole files to its two workers in collection order
+(`--dist loadfile`), and tests/training, the heaviest directory, sorts last: a file of several
+minutes handed out near the end kept one worker busy while the other sat idle. Longest first,
+the workers finish together.
 """
 
 import os
@@ -39,6 +44,25 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_ENV])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# The fast suite's heaviest files, longest first (`make test` prints the slowest tests); the rest
+# keep their order after them.
+HEAVY_FIRST = (
+    "tests/training/test_recipes.py",
+    "tests/training/test_aot.py",
+    "tests/integration/test_faults.py",
+    "tests/integration/test_install.py",
+    "tests/training/test_step.py",
+    "tests/training/test_mesh_gradients.py",
+    "tests/models/test_scan_remat.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
 
 
 def pytest_unconfigure(config):

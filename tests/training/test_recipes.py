@@ -3,6 +3,7 @@ row trains for two steps through the real CLI path (gin, task, converter, loss, 
 
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -168,7 +169,55 @@ def _check_trained(model_dir, recipe):
     assert (model_dir / "checkpoints" / "2").is_dir()
 
 
-@pytest.mark.parametrize("name", list(recipes.RECIPES))
+# Rows the fast suite leaves to `make test-all`, each trained end to end elsewhere in it: by another
+# fast test through `lmsuite train` (or the `lmsuite.train` it calls), or as a fast row of this
+# matrix of the same row type on the same model. The check below keeps these claims true.
+TRAINED_BY_TEST = {
+    "bert_mlm": ("tests/training/test_train_cli.py", "test_train_ends_with_a_summary_on_stdout"),
+    "bert_mlm_nsp": (
+        "tests/training/test_study_cli.py",
+        "test_a_killed_study_resumes_without_redoing_finished_runs",
+    ),
+    "causal_lm": (
+        "tests/evaluation/test_load.py",
+        "test_a_scanned_run_loads_unscanned_and_decodes",
+    ),
+    "t5_span_corruption": (
+        "tests/training/test_text_files_cli.py",
+        "test_a_t5_run_on_text_files_reopens_from_its_run_json",
+    ),
+    "xlnet_plm": ("tests/integration/test_faults.py", "test_xlnet_losses_depend_on_the_memory"),
+}
+# i.i.d. denoising differs from the prefix LM only in its data (tests/data/test_span_corruption.py)
+TRAINED_BY_ROW = {"iid_denoising": "prefix_lm"}
+SLOW_ROWS = {*TRAINED_BY_TEST, *TRAINED_BY_ROW}
+
+
+def test_rows_left_to_the_slow_suite_are_trained_by_a_fast_test():
+    root = pathlib.Path(__file__).parents[2]
+    for name, (path, test) in TRAINED_BY_TEST.items():
+        assert name in recipes.RECIPES, name
+        source = (root / path).read_text()
+        assert f"\ndef {test}(" in source, (name, path, test)
+        decorators = source.split(f"\ndef {test}(")[0].rsplit("\n\n", 1)[-1]
+        assert "mark.slow" not in decorators, f"{path}::{test} runs in the slow suite only"
+    for name, row in TRAINED_BY_ROW.items():
+        slow, fast = recipes.RECIPES[name], recipes.RECIPES[row]
+        assert row not in SLOW_ROWS
+        assert (slow.example_model, slow.loss, slow.architectures) == (
+            fast.example_model,
+            fast.loss,
+            fast.architectures,
+        )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name in SLOW_ROWS else name
+        for name in recipes.RECIPES
+    ],
+)
 def test_every_recipe_trains_two_steps_through_the_cli(name, tmp_path, capsys):
     recipe = recipes.RECIPES[name]
     code = cli.main(train_argv(recipe, recipe.example_model, tmp_path / "run"))
