@@ -17,6 +17,20 @@ from lmsuite.layers.dense import DenseGeneral, add_bias, default_kernel_init
 from lmsuite.layers.masks import MaskLayout
 
 
+def attention_scores(spec: str, a, b):
+    """`jnp.einsum(spec, a, b)` accumulated and returned in float32, whatever the inputs' dtype.
+
+    Scores are the activation bfloat16 cannot hold. Near initialisation a query's scores are
+    almost equal across keys, and the differences from which attention learns which key to read
+    fall below bfloat16's 8-bit mantissa: rounded, they left bert_multitask_tiny's MLM on the
+    unigram plateau at two seeds of four, where float32 scores leave it at all four
+    (benchmarks/RESULTS.md, "attention scores in float32"). Fused kernels (splash, flash, cuDNN)
+    keep scores in float32 too, so the plain path computes what they do; the scores' gradient
+    then stays float32 down to the query and key projections.
+    """
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
 def masked_softmax(logits_BHLM, mask_B1LM):
     """Softmax over M where masked keys get probability 0.
 
@@ -216,7 +230,7 @@ class MultiHeadAttention(nn.Module):
                 )
                 return project_out(out_BLHK)
             fused_attention.log_plain_once(reason)
-        logits_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
+        logits_BHLM = attention_scores("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
         if bias_BHLM is not None:
             logits_BHLM = add_attention_bias(logits_BHLM, bias_BHLM)
         probs_BHLM = probabilities(logits_BHLM, mask, self.dtype)

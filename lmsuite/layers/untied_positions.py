@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lmsuite import partitioning as P
+from lmsuite.layers.attention import attention_scores
 from lmsuite.layers.dense import DenseGeneral, default_kernel_init
 from lmsuite.layers.norm import make_norm
 from lmsuite.layers.positions import t5_relative_bucket
@@ -107,11 +108,11 @@ class UntiedPositionBias(nn.Module):
         # LayerNorm is per row: gathering rows first equals normalising the whole table.
         # Rows gathered in float32, then cast (the gradient's scatter-add stays float32).
         rows_BLD = norm(jnp.take(table_PD, position_ids_BL + 1, axis=0).astype(self.dtype))
-        scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", query(rows_BLD) * scale, key(rows_BLD))
+        scores_BHLM = attention_scores("BLHK,BMHK->BHLM", query(rows_BLD) * scale, key(rows_BLD))
         special_SD = norm(
             table_PD[jnp.array([CLS_TO_OTHERS_ROW, OTHERS_TO_CLS_ROW])].astype(self.dtype)
         )
-        theta_HS = jnp.einsum("SHK,SHK->HS", query(special_SD) * scale, key(special_SD))
+        theta_HS = attention_scores("SHK,SHK->HS", query(special_SD) * scale, key(special_SD))
         is_cls_BL = position_ids_BL == 0
         scores_BHLM = untie_cls(
             scores_BHLM,

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lmsuite import partitioning as P
+from lmsuite.layers.attention import attention_scores
 from lmsuite.layers.dense import DenseGeneral, default_kernel_init
 from lmsuite.layers.masks import causal_memory_mask
 from lmsuite.layers.mlp import MLP
@@ -217,11 +218,11 @@ class TwoStreamAttention(nn.Module):
             """Q queries: the L positions in order (rows_BQ None), or queries at the positions
             rows_BQ, which read those positions' distances, segments and mask rows."""
             at_rows = lambda x_B1LM: x_B1LM if rows_BQ is None else _rows(x_B1LM, rows_BQ)
-            ac_BHQM = jnp.einsum("BQHK,BMHK->BHQM", q_BQHK + as_11HK("content_bias"), k_BMHK)
+            ac_BHQM = attention_scores("BQHK,BMHK->BHQM", q_BQHK + as_11HK("content_bias"), k_BMHK)
             qr_BQHK = q_BQHK + as_11HK("position_bias")
             halves = zip(jnp.split(qr_BQHK, len(kr), axis=0), kr, strict=True)
             bd_BHQR = jnp.concatenate(
-                [jnp.einsum("BQHK,RHK->BHQR", q, kr_RHK) for q, kr_RHK in halves], axis=0
+                [attention_scores("BQHK,RHK->BHQR", q, kr_RHK) for q, kr_RHK in halves], axis=0
             )
             if rows_BQ is None:
                 bd_BHQM = relative_shift(bd_BHQR, num_keys)
@@ -230,7 +231,9 @@ class TwoStreamAttention(nn.Module):
             logits_BHQM = ac_BHQM + bd_BHQM
             if other_segment_B1LM is not None:
                 qs_BQHK = q_BQHK + as_11HK("segment_bias")
-                ef_BHQT = jnp.einsum("BQHK,THK->BHQT", qs_BQHK, jnp.asarray(segment_THK, dtype))
+                ef_BHQT = attention_scores(
+                    "BQHK,THK->BHQT", qs_BQHK, jnp.asarray(segment_THK, dtype)
+                )
                 logits_BHQM = logits_BHQM + jnp.where(
                     at_rows(other_segment_B1LM), ef_BHQT[..., 1:], ef_BHQT[..., :1]
                 )

@@ -1,12 +1,13 @@
 """`add_attention_bias`: the values and gradients of a plain add, for shared and per-example
-biases; a bias of another shape is named."""
+biases; a bias of another shape is named. Under bfloat16 the scores stay float32."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import core as jex_core
 
-from lmsuite.layers.attention import add_attention_bias
+from lmsuite.layers.attention import MultiHeadAttention, add_attention_bias
 
 
 @pytest.mark.parametrize("bias_batch", [1, 3])
@@ -33,3 +34,38 @@ def test_a_bias_of_another_shape_is_named():
         add_attention_bias(jnp.zeros((3, 2, 4, 5)), jnp.zeros((1, 2, 4)))
     with pytest.raises(ValueError, match=r"\(2, 2, 4, 5\)"):
         add_attention_bias(jnp.zeros((3, 2, 4, 5)), jnp.zeros((2, 2, 4, 5)))
+
+
+def _dot_generals(jaxpr):
+    """Every dot_general of `jaxpr` and of the jaxprs in its equations' parameters."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(sub, (jex_core.ClosedJaxpr, jex_core.Jaxpr)):
+                    yield from _dot_generals(getattr(sub, "jaxpr", sub))
+
+
+def test_bfloat16_attention_keeps_its_scores_in_float32():
+    """Near initialisation a query's scores are almost equal across keys, and the differences
+    attention learns from are below bfloat16's resolution: rounded, they kept a bfloat16 BERT on
+    the unigram plateau (benchmarks/RESULTS.md). The product q.k and the products of its
+    gradient with k and q are float32; the projections and the probabilities stay bfloat16."""
+    x = jnp.ones((2, 5, 32), jnp.bfloat16)
+    module = MultiHeadAttention(num_heads=2, head_dim=16, dtype=jnp.bfloat16)
+    params = module.init(jax.random.PRNGKey(0), x, x)["params"]
+    loss = lambda p, x: module.apply({"params": p}, x, x).astype(jnp.float32).sum()
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(params, x).jaxpr
+    avals = lambda eqn: [v.aval for v in eqn.invars]
+    heads = jax.core.ShapedArray((2, 5, 2, 16), jnp.bfloat16)  # q or k: (B, L, H, K)
+    scores = [e for e in _dot_generals(jaxpr) if avals(e) == [heads, heads]]
+    assert [e.outvars[0].aval.dtype for e in scores] == [jnp.float32]
+    score_grads = jax.core.ShapedArray((2, 2, 5, 5), jnp.float32)
+    backward = [e for e in _dot_generals(jaxpr) if score_grads in avals(e)]
+    assert len(backward) == 2  # dq and dk
+    assert all(e.outvars[0].aval.dtype == jnp.float32 for e in backward)
+    assert {e.outvars[0].aval.dtype for e in _dot_generals(jaxpr)} == {
+        jnp.dtype(jnp.float32),
+        jnp.dtype(jnp.bfloat16),
+    }
