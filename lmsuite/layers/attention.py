@@ -17,18 +17,22 @@ from lmsuite.layers.dense import DenseGeneral, add_bias, default_kernel_init
 from lmsuite.layers.masks import MaskLayout
 
 
-def attention_scores(spec: str, a, b):
-    """`jnp.einsum(spec, a, b)` accumulated and returned in float32, whatever the inputs' dtype.
+def attention_scores(spec: str, a, b, *, float32: bool = True):
+    """`jnp.einsum(spec, a, b)` accumulated and returned in float32, whatever the inputs' dtype
+    (`ModelConfig.float32_scores`; with `float32=False`, in the inputs' dtype).
 
     Scores are the activation bfloat16 cannot hold. Near initialisation a query's scores are
     almost equal across keys, and the differences from which attention learns which key to read
     fall below bfloat16's 8-bit mantissa: rounded, they left bert_multitask_tiny's MLM on the
-    unigram plateau at two seeds of four, where float32 scores leave it at all four
-    (benchmarks/RESULTS.md, "attention scores in float32"). Fused kernels (splash, flash, cuDNN)
-    keep scores in float32 too, so the plain path computes what they do; the scores' gradient
-    then stays float32 down to the query and key projections.
+    unigram plateau at two seeds of four; with float32 scores those two leave it as float32
+    models do (benchmarks/RESULTS.md, "attention scores in float32"). Fused kernels (splash,
+    flash, cuDNN) keep scores in float32 too, so the plain path computes what they do; the
+    scores' gradient then stays float32 down to the query and key projections. Rounded scores
+    (T5X's `float32_logits=False`, MaxText's `float32_qk_product=False`) move fewer bytes where
+    XLA writes the scores out; on a TPU it mostly keeps them inside one fusion, so the
+    projected saving is small (benchmarks/RESULTS.md).
     """
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32 if float32 else None)
 
 
 def masked_softmax(logits_BHLM, mask_B1LM):
@@ -155,6 +159,7 @@ class MultiHeadAttention(nn.Module):
     scale_factor: float = 1.0
     dropout_rate: float = 0.0
     init_stddev: float = 0.02
+    float32_scores: bool = True  # `attention_scores`
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "plain"
@@ -230,7 +235,9 @@ class MultiHeadAttention(nn.Module):
                 )
                 return project_out(out_BLHK)
             fused_attention.log_plain_once(reason)
-        logits_BHLM = attention_scores("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
+        logits_BHLM = attention_scores(
+            "BLHK,BMHK->BHLM", q_BLHK, k_BMHK, float32=self.float32_scores
+        )
         if bias_BHLM is not None:
             logits_BHLM = add_attention_bias(logits_BHLM, bias_BHLM)
         probs_BHLM = probabilities(logits_BHLM, mask, self.dtype)

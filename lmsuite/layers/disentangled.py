@@ -199,7 +199,8 @@ class DisentangledAttention(nn.Module):
         q_BLHK = query(x_BLD) / scale
         k_BMHK = key(kv_BMD)
         v_BMHK = proj("value", cfg.use_bias)(kv_BMD)
-        logits_BHLM = attention_scores("BLHK,BMHK->BHLM", q_BLHK, k_BMHK)
+        f32 = cfg.float32_scores
+        logits_BHLM = attention_scores("BLHK,BMHK->BHLM", q_BLHK, k_BMHK, float32=f32)
 
         if cfg.deberta.relative_attention and types:
             length = x_BLD.shape[1]
@@ -217,11 +218,13 @@ class DisentangledAttention(nn.Module):
             index_11LM = relative_index_LM[None, None]
             if "c2p" in types:
                 pos_key = key if cfg.deberta.share_att_key else proj("pos_key", key_bias)
-                c2p_BHLR = attention_scores("BLHK,RHK->BHLR", q_BLHK, pos_key(rel_RD))
+                c2p_BHLR = attention_scores("BLHK,RHK->BHLR", q_BLHK, pos_key(rel_RD), float32=f32)
                 logits_BHLM = logits_BHLM + _gather_rows(c2p_BHLR, index_11LM)
             if "p2c" in types:
                 pos_query = query if cfg.deberta.share_att_key else proj("pos_query", cfg.use_bias)
-                p2c_BHMR = attention_scores("BMHK,RHK->BHMR", k_BMHK, pos_query(rel_RD) / scale)
+                p2c_BHMR = attention_scores(
+                    "BMHK,RHK->BHMR", k_BMHK, pos_query(rel_RD) / scale, float32=f32
+                )
                 # score[i, j] = k_j . pq[index[i, j]]: gather along R for each key j, then swap.
                 p2c_BHML = _gather_rows(p2c_BHMR, jnp.swapaxes(index_11LM, -1, -2))
                 logits_BHLM = logits_BHLM + jnp.swapaxes(p2c_BHML, -1, -2)

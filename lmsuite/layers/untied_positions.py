@@ -18,6 +18,7 @@ otherwise), and the relative bias of the [CLS] row and column comes from buckets
 R // 2 (no distance lands there: keys after the query start at R // 2 + 1) and the extra row R.
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -77,6 +78,7 @@ class UntiedPositionBias(nn.Module):
     norm_eps: float = 1e-5
     init_stddev: float = 0.02
     dtype: jnp.dtype = jnp.float32
+    float32_scores: bool = True  # `attention.attention_scores`
 
     @nn.compact
     def __call__(self, length: int, *, position_ids_BL=None):
@@ -104,15 +106,16 @@ class UntiedPositionBias(nn.Module):
         )
         query, key = proj("query"), proj("key")
         scale = jnp.asarray(1.0 / math.sqrt(2 * self.head_dim), self.dtype)
+        scores = functools.partial(attention_scores, float32=self.float32_scores)
 
         # LayerNorm is per row: gathering rows first equals normalising the whole table.
         # Rows gathered in float32, then cast (the gradient's scatter-add stays float32).
         rows_BLD = norm(jnp.take(table_PD, position_ids_BL + 1, axis=0).astype(self.dtype))
-        scores_BHLM = attention_scores("BLHK,BMHK->BHLM", query(rows_BLD) * scale, key(rows_BLD))
+        scores_BHLM = scores("BLHK,BMHK->BHLM", query(rows_BLD) * scale, key(rows_BLD))
         special_SD = norm(
             table_PD[jnp.array([CLS_TO_OTHERS_ROW, OTHERS_TO_CLS_ROW])].astype(self.dtype)
         )
-        theta_HS = attention_scores("SHK,SHK->HS", query(special_SD) * scale, key(special_SD))
+        theta_HS = scores("SHK,SHK->HS", query(special_SD) * scale, key(special_SD))
         is_cls_BL = position_ids_BL == 0
         scores_BHLM = untie_cls(
             scores_BHLM,

@@ -29,6 +29,7 @@ def make_attention(config: ModelConfig, *, name: str, cross: bool = False) -> nn
         dropout_rate=config.attention_dropout_rate,
         init_stddev=config.init_stddev,
         dtype=config.compute_dtype,
+        float32_scores=config.float32_scores,
         attention_impl=config.attention_impl,
         name=name,
     )

@@ -109,7 +109,10 @@ class ModelConfig:
                        position_type, max_length and type_vocab_size play no part.
       attention        attention_dropout_rate; attention_impl ("plain": einsum and softmax; "fused":
                        a kernel per backend, with the plain path where it cannot apply, see
-                       `lmsuite.layers.fused_attention`).
+                       `lmsuite.layers.fused_attention`); float32_scores (under bfloat16 the
+                       plain path's scores q.k accumulate and stay float32, as fused kernels
+                       keep them; False rounds them to dtype, moving fewer bytes at a risk to
+                       learning: `lmsuite.layers.attention.attention_scores`).
       electra          ElectraOptions: the sizes are the discriminator's, a generator is derived
                        (`lmsuite.models.electra`); needs heads ("mlm", "rtd").
     """
@@ -167,6 +170,7 @@ class ModelConfig:
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
     attention_impl: str = "plain"  # "fused": splash (TPU) / cuDNN (GPU), see layers/fused_attention
+    float32_scores: bool = True  # attention scores in float32 under bfloat16 (see "attention")
     mlp_inner_dropout: bool = False  # T5 applies dropout between the two FFN matmuls
     init_stddev: float = 0.02
 
@@ -275,6 +279,10 @@ class ModelConfig:
         choice("activation", tuple(ACTIVATIONS))
         choice("dtype", DTYPES)
         choice("attention_impl", ("plain", "fused"))
+        if not isinstance(self.float32_scores, bool):
+            raise ValueError(
+                f"ModelConfig.float32_scores must be True or False, got {self.float32_scores!r}"
+            )
         if self.head_activation is not None:
             choice("head_activation", tuple(ACTIVATIONS))
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_length"):

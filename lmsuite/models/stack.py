@@ -91,6 +91,7 @@ class Stack(nn.Module):
                 norm_eps=cfg.norm_eps,
                 init_stddev=cfg.init_stddev,
                 dtype=cfg.compute_dtype,
+                float32_scores=cfg.float32_scores,
                 name="untied_positions",
             )(length, position_ids_BL=position_ids_BL)
         elif cfg.position_type == "deberta":

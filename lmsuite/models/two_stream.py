@@ -20,6 +20,7 @@ position,out}` and its biases, `layers_{i}/{post_attention_norm,mlp,post_mlp_nor
 architecture="xlnet" (`families.XLNET`), so these paths sit at the top of the tree.
 """
 
+import functools
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -213,16 +214,17 @@ class TwoStreamAttention(nn.Module):
         drop = nn.Dropout(cfg.attention_dropout_rate)
 
         length = h_BLD.shape[1]
+        scores = functools.partial(attention_scores, float32=cfg.float32_scores)
 
         def attend(q_BQHK, allowed, rows_BQ=None):
             """Q queries: the L positions in order (rows_BQ None), or queries at the positions
             rows_BQ, which read those positions' distances, segments and mask rows."""
             at_rows = lambda x_B1LM: x_B1LM if rows_BQ is None else _rows(x_B1LM, rows_BQ)
-            ac_BHQM = attention_scores("BQHK,BMHK->BHQM", q_BQHK + as_11HK("content_bias"), k_BMHK)
+            ac_BHQM = scores("BQHK,BMHK->BHQM", q_BQHK + as_11HK("content_bias"), k_BMHK)
             qr_BQHK = q_BQHK + as_11HK("position_bias")
             halves = zip(jnp.split(qr_BQHK, len(kr), axis=0), kr, strict=True)
             bd_BHQR = jnp.concatenate(
-                [attention_scores("BQHK,RHK->BHQR", q, kr_RHK) for q, kr_RHK in halves], axis=0
+                [scores("BQHK,RHK->BHQR", q, kr_RHK) for q, kr_RHK in halves], axis=0
             )
             if rows_BQ is None:
                 bd_BHQM = relative_shift(bd_BHQR, num_keys)
@@ -231,9 +233,7 @@ class TwoStreamAttention(nn.Module):
             logits_BHQM = ac_BHQM + bd_BHQM
             if other_segment_B1LM is not None:
                 qs_BQHK = q_BQHK + as_11HK("segment_bias")
-                ef_BHQT = attention_scores(
-                    "BQHK,THK->BHQT", qs_BQHK, jnp.asarray(segment_THK, dtype)
-                )
+                ef_BHQT = scores("BQHK,THK->BHQT", qs_BQHK, jnp.asarray(segment_THK, dtype))
                 logits_BHQM = logits_BHQM + jnp.where(
                     at_rows(other_segment_B1LM), ef_BHQT[..., 1:], ef_BHQT[..., :1]
                 )

@@ -27,6 +27,7 @@ TINY = dict(vocab_size=50, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_l
         ),
         (dict(dropout_rate=1.5), "dropout_rate must lie in \\[0, 1\\), got 1.5"),
         (dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
+        (dict(float32_scores="no"), "float32_scores must be True or False, got 'no'"),
     ],
 )
 def test_bad_config_is_named(changes, match):
