@@ -54,9 +54,10 @@ def open_model(model_or_path):
 
 
 def init_params(config: ModelConfig, rng, *, length: int = 8) -> dict:
-    """Random parameters of `Transformer(config)` (unboxed, nested)."""
-    ids = jnp.zeros((1, length), jnp.int32)
-    variables = jax.jit(Transformer(config).init)(rng, ids)
+    """Random parameters of `Transformer(config)` (unboxed, nested); an encoder-decoder's
+    decoder too (the study's from-scratch baseline of T5 or BART)."""
+    inputs = families.example_inputs(config, batch=1, length=length)
+    variables = jax.jit(Transformer(config).init)(rng, **inputs)
     return nn.unbox(variables["params"])
 
 

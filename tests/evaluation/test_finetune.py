@@ -314,3 +314,10 @@ def test_one_compiled_step_serves_every_learning_rate_of_a_sweep():
             params = optax.apply_updates(params, updates)
     np.testing.assert_allclose(results[0.03]["w"], params["w"], rtol=1e-5, atol=1e-7)
     assert not np.allclose(results[0.1]["w"], params["w"], atol=1e-3)
+
+
+def test_random_parameters_of_an_encoder_decoder_include_its_decoder():
+    """The study's from-scratch T5 baseline once crashed here: the decoder needs its own ids."""
+    config = cli.model_config_from_gin(["models/t5_1_1_tiny.gin"])
+    params = finetune.init_params(config, jax.random.key(0))
+    assert {"encoder", "decoder"} <= set(params)
