@@ -20,7 +20,7 @@ checkpoints), pretrain_segments.json (when each process pretrained it: the run's
 probes/ (each rate's metrics.json) and result.json, written last. A killed study
 run again with the same flags skips every run that has its result.json, resumes a pretraining
 from its newest checkpoint and a sweep from its next rate; adding experiments, budgets or seeds
-extends it. The report (report.md, results.csv, accuracy_vs_flops.png) is rewritten after
+extends it. The report (report.md, results.csv and two plots) is rewritten after
 every run (`evaluation.study_report`).
 """
 
@@ -417,23 +417,25 @@ def _scratch_record(cost) -> dict:
 
 # What `--export` copies: the study's files, and per finished run what reading it back needs
 # (result.json) and what shows how it ran; checkpoints, TensorBoard logs and metrics.jsonl stay.
-EXPORTED_STUDY_FILES = (STUDY_FILE, "report.md", "results.csv", "accuracy_vs_flops.png")
 EXPORTED_RUN_FILES = (RESULT_FILE, SEGMENTS_FILE, "pretrain/config.gin", "pretrain/run.json")
 
 
 def export_records(out_dir: str, dest: str) -> int:
-    """Copies `out_dir`'s study files and its finished runs' records (`EXPORTED_*`, each probe
-    rate's metrics.json) to `dest`; returns how many runs. A run without result.json is left:
-    without its checkpoints it would start again anyway.
+    """Copies `out_dir`'s study.json, its report's files and its finished runs' records
+    (`EXPORTED_RUN_FILES`, each probe rate's metrics.json) to `dest`; returns how many runs.
+    A run without result.json is left: without its checkpoints it would start again anyway.
 
     Raises:
       ConfigError: `out_dir` holds no study.
     """
     import shutil
 
+    from lmsuite.evaluation import study_report
+
     if not os.path.isfile(os.path.join(out_dir, STUDY_FILE)):
         raise ConfigError([f"--out={out_dir} holds no study to export ({STUDY_FILE} is missing)"])
-    wanted = [f for f in EXPORTED_STUDY_FILES if os.path.isfile(os.path.join(out_dir, f))]
+    study_files = (STUDY_FILE, *study_report.FILES)
+    wanted = [f for f in study_files if os.path.isfile(os.path.join(out_dir, f))]
     runs = 0
     for root, _, files in os.walk(os.path.join(out_dir, "runs")):
         if RESULT_FILE not in files:

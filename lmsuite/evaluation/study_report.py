@@ -1,6 +1,7 @@
 """The report of an `lmsuite study`: a table (mean +- sd over seeds per experiment and budget),
-the literature's headline comparisons judged with ties stated, and probe accuracy against
-training FLOPs as a plot.
+the literature's headline comparisons judged with ties stated, each objective against its own
+architecture without pretraining (the baseline pretraining has to beat), and two plots: probe
+accuracy against training FLOPs, and every objective side by side per budget.
 
 Ties: two objectives differ only when their seeds' ranges of mean +- sd do not overlap
 (|mean_a - mean_b| > sd_a + sd_b); otherwise the difference is within the seeds' spread and
@@ -19,6 +20,9 @@ import numpy as np
 REPORT_FILE = "report.md"
 CSV_FILE = "results.csv"
 PLOT_FILE = "accuracy_vs_flops.png"
+OBJECTIVES_PLOT_FILE = "accuracy_by_objective.png"
+FILES = (REPORT_FILE, CSV_FILE, PLOT_FILE, OBJECTIVES_PLOT_FILE)  # what write_report writes
+VERDICT_WORDS = {">": "better", "<": "worse", "tie": "tie"}
 
 # The papers' headline directions: (claim, the experiments that should be at least as good,
 # the experiments they are compared with); the first experiment of each list that the study
@@ -158,6 +162,32 @@ def rankings(results: Sequence[dict], probes: Sequence[str], match: str) -> list
     return lines
 
 
+def versus_scratch(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
+    """A Markdown table: per experiment, budget and probe, the mean accuracy gained over the
+    same architecture fine-tuned from random initialisation, and whether that gain is beyond the
+    seeds' spread (`compare`). Empty when the study has no from-scratch runs."""
+    grouped = group(results)
+    budgets = sorted({b for _, b in grouped if b is not None})
+    experiments = sorted({e for e, b in grouped if b is None})
+    if not budgets or not experiments:
+        return []
+    head = ["experiment"] + [f"{_budget_text(b, match)}, {p}" for b in budgets for p in probes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for experiment in experiments:
+        row = [experiment]
+        for budget in budgets:
+            for probe in probes:
+                trained = _accuracies(grouped.get((experiment, budget), []), probe)
+                scratch = _accuracies(grouped[(experiment, None)], probe)
+                if not trained or not scratch:
+                    row.append("")
+                    continue
+                gain = np.mean(trained) - np.mean(scratch)
+                row.append(f"{gain:+.3f} ({VERDICT_WORDS[compare(trained, scratch)]})")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def write_csv(path: str, results: Sequence[dict], probes: Sequence[str]) -> None:
     """One row per run: what it spent and each probe's selected rate and accuracies."""
     fields = ["experiment", "recipe", "budget", "match", "seed", "params", "steps",
@@ -230,6 +260,61 @@ def plot(path: str, results: Sequence[dict], probes: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
+def plot_objectives(path: str, results: Sequence[dict], probes: Sequence[str], match: str) -> None:
+    """Every objective side by side: a panel per probe, a row per experiment (sorted by its mean
+    accuracy at the largest budget), each budget's mean +- sd over seeds as a filled marker and
+    the same architecture without pretraining as a hollow one, so that a reader sees at a glance
+    which objectives beat their own baseline and which overlap each other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grouped = group(results)
+    budgets = sorted({b for _, b in grouped if b is not None})
+    experiments = sorted({e for e, _ in grouped})
+    last = budgets[-1] if budgets else None
+
+    def mean_at(experiment: str, budget: float | None, probe: str) -> float:
+        values = _accuracies(grouped.get((experiment, budget), []), probe)
+        return float(np.mean(values)) if values else -1.0
+
+    height = 1.2 + 0.32 * len(experiments)
+    fig, axes = plt.subplots(1, len(probes), figsize=(6.0 * len(probes), height), squeeze=False)
+    colors = plt.get_cmap("viridis")(np.linspace(0.15, 0.85, max(len(budgets), 1)))
+    offsets = np.linspace(-0.2, 0.2, len(budgets) + 1)
+    for ax, probe in zip(axes[0], probes, strict=True):
+        order = sorted(experiments, key=lambda e: mean_at(e, last, probe))
+        for row, experiment in enumerate(order):
+            scratch = _accuracies(grouped.get((experiment, None), []), probe)
+            if scratch:
+                mean, sd, _ = summarize(scratch)
+                ax.errorbar([mean], [row + offsets[0]], xerr=[sd], marker="o", mfc="white",
+                            color="grey", capsize=2,
+                            label="no pretraining" if row == 0 else None)  # fmt: skip
+            for offset, color, budget in zip(offsets[1:], colors, budgets, strict=True):
+                values = _accuracies(grouped.get((experiment, budget), []), probe)
+                if not values:
+                    continue
+                mean, sd, _ = summarize(values)
+                ax.errorbar([mean], [row + offset], xerr=[sd], marker="o", color=color,
+                            capsize=2,
+                            label=_budget_text(budget, match) if row == 0 else None)  # fmt: skip
+        ax.set_yticks(range(len(order)), order, fontsize=8)
+        ax.set_ylim(-0.6, len(order) - 0.4)
+        ax.set_xlabel(f"{probe} test accuracy (mean +- sd over seeds)")
+        ax.set_title(probe)
+        ax.grid(axis="x", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:  # below the panels, where it hides no marker
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.tight_layout(rect=(0, 0.5 / height, 1, 1))
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
 def write_report(
     out_dir: str, results: Sequence[dict], *, protocol: dict, command: Sequence[str] | None = None
 ) -> str:
@@ -240,6 +325,8 @@ def write_report(
     match = protocol["match"]
     write_csv(os.path.join(out_dir, CSV_FILE), results, probes)
     plot(os.path.join(out_dir, PLOT_FILE), results, probes)
+    plot_objectives(os.path.join(out_dir, OBJECTIVES_PLOT_FILE), results, probes, match)
+    scratch_lines = versus_scratch(results, probes, match)
     rates = ", ".join(f"{r:g}" for r in protocol["learning_rates"])
     lines = ["# lmsuite study", ""]
     if command:
@@ -274,6 +361,21 @@ def write_report(
         "## Best objective per budget and probe",
         "",
         *rankings(results, probes, match),
+        "",
+        "## Pretraining against no pretraining",
+        "",
+        *(
+            [
+                "Each cell: the mean test accuracy gained over the same architecture fine-tuned "
+                "from random initialisation, and whether it is beyond the seeds' spread.",
+                "",
+                *scratch_lines,
+            ]
+            if scratch_lines
+            else ["- the study has no from-scratch runs (`--no_scratch`)"]
+        ),
+        "",
+        f"![every objective side by side]({OBJECTIVES_PLOT_FILE})",
         "",
         f"![probe accuracy against training FLOPs]({PLOT_FILE})",
         "",

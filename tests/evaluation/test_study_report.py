@@ -80,6 +80,27 @@ def test_rankings_name_the_leader_its_ties_or_that_it_ran_alone():
     ]
 
 
+def test_each_objective_is_judged_against_its_own_architecture_from_scratch():
+    results = []
+    for seed in range(3):
+        results += [
+            _run("electra_tiny", None, seed, trec=0.50 + 0.01 * seed),
+            _run("electra_tiny", 1e12, seed, trec=0.60 + 0.01 * seed),  # +0.10, beyond 0.02
+            _run("bert_tiny", None, seed, trec=0.50 + 0.02 * seed),
+            _run("bert_tiny", 1e12, seed, trec=0.49 + 0.02 * seed),  # -0.01, within 0.04
+            _run("spanbert_tiny", 1e12, seed, trec=0.70),  # no scratch run: no row
+        ]
+    lines = study_report.versus_scratch(results, ["trec_questions"], "flops")
+    assert lines == [
+        "| experiment | 1e+12 flops, trec_questions |",
+        "|---|---|",
+        "| bert_tiny | -0.010 (tie) |",
+        "| electra_tiny | +0.100 (better) |",
+    ]
+    without_scratch = [r for r in results if r["budget"] is not None]
+    assert study_report.versus_scratch(without_scratch, ["trec_questions"], "flops") == []
+
+
 def test_the_report_states_means_sds_budgets_and_writes_every_file(tmp_path):
     results = [
         _run(e, b, s, trec=0.3 + 0.1 * s + (0.2 if e == "electra_tiny" else 0.0))
@@ -100,7 +121,10 @@ def test_the_report_states_means_sds_budgets_and_writes_every_file(tmp_path):
     assert "max off 2.0%" in row  # seed 2 spent 2% over the budget
     assert "mlm_loss 6.000 +- 1.000" in row
     assert "| electra_tiny | electra | none (scratch) | 3 |" in text
-    assert (tmp_path / study_report.PLOT_FILE).stat().st_size > 10_000
+    for name in (study_report.PLOT_FILE, study_report.OBJECTIVES_PLOT_FILE):
+        assert (tmp_path / name).stat().st_size > 10_000
+    assert "## Pretraining against no pretraining" in text  # scratch runs equal to trained ones
+    assert "| electra_tiny | +0.000 (tie) | +0.000 (tie) | +0.000 (tie) | +0.000 (tie) |" in text
     with open(tmp_path / study_report.CSV_FILE) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(results)

@@ -136,6 +136,7 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypa
     exported = tmp_path.parent / f"{tmp_path.name}_exported"
     assert cli.main(["study", f"--out={tmp_path}", f"--export={exported}"]) == 0
     assert not list(exported.rglob("checkpoints")) and not list(exported.rglob("*.tfevents*"))
+    assert all((exported / name).is_file() for name in study_report.FILES)
     assert (exported / first.relative_to(tmp_path) / "pretrain" / "config.gin").exists()
     monkeypatch.setattr(lmsuite, "train", lambda run: pytest.fail("trained an exported run"))
     argv[argv.index(f"--out={tmp_path}")] = f"--out={exported}"
