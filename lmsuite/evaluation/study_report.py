@@ -188,6 +188,32 @@ def versus_scratch(results: Sequence[dict], probes: Sequence[str], match: str) -
     return lines
 
 
+def sweep_edges(
+    results: Sequence[dict], probes: Sequence[str], learning_rates: Sequence[float]
+) -> list[str]:
+    """Per probe, how many runs chose the smallest or the largest learning rate of the sweep: a
+    choice on the grid's edge may have cut off a better rate beyond it (widen the grid)."""
+    if len(learning_rates) < 2:
+        return []
+    low, high = min(learning_rates), max(learning_rates)
+    lines = []
+    for probe in probes:
+        chosen = [
+            r["probes"][probe]["selected_learning_rate"] for r in results if probe in r["probes"]
+        ]
+        if not chosen:
+            continue
+        at_low = sum(np.isclose(c, low) for c in chosen)
+        at_high = sum(np.isclose(c, high) for c in chosen)
+        lines.append(
+            f"- {probe}: the largest rate ({high:g}) chosen by {at_high} of {len(chosen)} runs, "
+            f"the smallest ({low:g}) by {at_low}"
+            + ("; the best rate may lie beyond the grid" if at_low + at_high > len(chosen) / 2
+               else "")  # fmt: skip
+        )
+    return lines
+
+
 def write_csv(path: str, results: Sequence[dict], probes: Sequence[str]) -> None:
     """One row per run: what it spent and each probe's selected rate and accuracies."""
     fields = ["experiment", "recipe", "budget", "match", "seed", "params", "steps",
@@ -327,6 +353,7 @@ def write_report(
     plot(os.path.join(out_dir, PLOT_FILE), results, probes)
     plot_objectives(os.path.join(out_dir, OBJECTIVES_PLOT_FILE), results, probes, match)
     scratch_lines = versus_scratch(results, probes, match)
+    edges = sweep_edges(results, probes, protocol["learning_rates"])
     rates = ", ".join(f"{r:g}" for r in protocol["learning_rates"])
     lines = ["# lmsuite study", ""]
     if command:
@@ -354,6 +381,7 @@ def write_report(
         "Wall is each run's pretraining and probing time over every process that worked on it "
         "(a stopped pretraining counts until its last metric), the mean over seeds.",
         "",
+        *(["Learning rates chosen on the sweep's edges:", "", *edges, ""] if edges else []),
         "## The papers' headline directions",
         "",
         *(claims(results, probes, match) or ["- none of the compared pairs is in the study"]),

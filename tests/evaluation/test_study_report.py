@@ -101,6 +101,22 @@ def test_each_objective_is_judged_against_its_own_architecture_from_scratch():
     assert study_report.versus_scratch(without_scratch, ["trec_questions"], "flops") == []
 
 
+def test_rates_chosen_on_the_sweeps_edges_are_counted():
+    results = [_run("bert_tiny", 1e12, seed, trec=0.5) for seed in range(4)]
+    for record, rate in zip(results, [3e-3, 3e-3, 3e-3, 1e-3], strict=True):
+        record["probes"]["trec_questions"]["selected_learning_rate"] = rate
+    assert study_report.sweep_edges(results, ["trec_questions"], [3e-4, 1e-3, 3e-3]) == [
+        "- trec_questions: the largest rate (0.003) chosen by 3 of 4 runs, the smallest "
+        "(0.0003) by 0; the best rate may lie beyond the grid"
+    ]
+    results[0]["probes"]["trec_questions"]["selected_learning_rate"] = 1e-3
+    assert study_report.sweep_edges(results, ["trec_questions"], [3e-4, 1e-3, 3e-3]) == [
+        "- trec_questions: the largest rate (0.003) chosen by 2 of 4 runs, the smallest "
+        "(0.0003) by 0"
+    ]
+    assert study_report.sweep_edges(results, ["trec_questions"], [1e-3]) == []
+
+
 def test_the_report_states_means_sds_budgets_and_writes_every_file(tmp_path):
     results = [
         _run(e, b, s, trec=0.3 + 0.1 * s + (0.2 if e == "electra_tiny" else 0.0))
