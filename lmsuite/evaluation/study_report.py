@@ -205,11 +205,12 @@ def sweep_edges(
             continue
         at_low = sum(np.isclose(c, low) for c in chosen)
         at_high = sum(np.isclose(c, high) for c in chosen)
+        warning = (
+            "; the best rate may lie beyond the grid" if at_low + at_high > len(chosen) / 2 else ""
+        )
         lines.append(
             f"- {probe}: the largest rate ({high:g}) chosen by {at_high} of {len(chosen)} runs, "
-            f"the smallest ({low:g}) by {at_low}"
-            + ("; the best rate may lie beyond the grid" if at_low + at_high > len(chosen) / 2
-               else "")  # fmt: skip
+            f"the smallest ({low:g}) by {at_low}{warning}"
         )
     return lines
 
