@@ -85,6 +85,7 @@ MLM_PLATEAU: dict[str, str] = {
     "copy), and no all-[MASK] encoder of this size leaves the unigram plateau in 2,000 steps: "
     "unilm2_tiny ends within 0.06 nats of the unigram in float32 and 0.02 in bfloat16, and "
     "roberta_tiny with every prediction [MASK] 0.04 (learned or DeBERTa relative positions); "
+    "at BERT-Tiny's D=128 it collapses to one output for every input; "
     "docs/research/encoder_twins.md",
 }
 # Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
