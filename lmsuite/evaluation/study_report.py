@@ -109,7 +109,8 @@ def table(results: Sequence[dict], probes: Sequence[str], match: str) -> list[st
 
 
 def claims(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
-    """Each headline claim at each budget and probe: reproduced, tie, or not reproduced."""
+    """Each headline claim at each budget and probe: reproduced, tie, not reproduced, or not
+    judged yet while either side has fewer than two seeds."""
     grouped = group(results)
     experiments = {e for e, _ in grouped}
     budgets = sorted({b for _, b in grouped if b is not None})
@@ -127,7 +128,11 @@ def claims(results: Sequence[dict], probes: Sequence[str], match: str) -> list[s
                 vb = _accuracies(grouped.get((b, budget), []), probe)
                 if not va or not vb:
                     continue
-                verdict = {">": "reproduced", "<": "not reproduced", "tie": "tie"}[compare(va, vb)]
+                verdict = (
+                    "not judged yet (one seed)"
+                    if min(len(va), len(vb)) < 2
+                    else {">": "reproduced", "<": "not reproduced", "tie": "tie"}[compare(va, vb)]
+                )
                 lines.append(
                     f"- {claim}, {_budget_text(budget, match)}, {probe}: **{verdict}** "
                     f"({a} {_cell(va)} vs {b} {_cell(vb)})"
@@ -165,7 +170,8 @@ def rankings(results: Sequence[dict], probes: Sequence[str], match: str) -> list
 def versus_scratch(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
     """A Markdown table: per experiment, budget and probe, the mean accuracy gained over the
     same architecture fine-tuned from random initialisation, and whether that gain is beyond the
-    seeds' spread (`compare`). Empty when the study has no from-scratch runs."""
+    seeds' spread (`compare`; "one seed" while either side has fewer than two). Empty when the
+    study has no from-scratch runs."""
     grouped = group(results)
     budgets = sorted({b for _, b in grouped if b is not None})
     experiments = sorted({e for e, b in grouped if b is None})
@@ -183,7 +189,11 @@ def versus_scratch(results: Sequence[dict], probes: Sequence[str], match: str) -
                     row.append("")
                     continue
                 gain = np.mean(trained) - np.mean(scratch)
-                row.append(f"{gain:+.3f} ({VERDICT_WORDS[compare(trained, scratch)]})")
+                verdict = (
+                    "one seed" if min(len(trained), len(scratch)) < 2
+                    else VERDICT_WORDS[compare(trained, scratch)]
+                )  # fmt: skip
+                row.append(f"{gain:+.3f} ({verdict})")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

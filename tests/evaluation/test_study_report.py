@@ -56,6 +56,10 @@ def test_claims_are_reproduced_tied_not_reproduced_or_not_judged():
     assert "SpanBERT" in lines and "**not reproduced** (spanbert_tiny 0.410" in lines
     assert "span corruption >= i.i.d. denoising, 1e+12 flops, trec_questions: **tie**" in lines
     assert "i.i.d. denoising >= prefix LM: not judged (the study has no t5_prefix_lm_tiny)" in lines
+    one_seed = "\n".join(
+        study_report.claims([r for r in results if r["seed"] == 0], ["trec_questions"], "flops")
+    )
+    assert "trec_questions: **not judged yet (one seed)** (electra_tiny 0.700 vs" in one_seed
 
 
 def test_rankings_name_the_leader_its_ties_or_that_it_ran_alone():
@@ -96,6 +100,11 @@ def test_each_objective_is_judged_against_its_own_architecture_from_scratch():
         "|---|---|",
         "| bert_tiny | -0.010 (tie) |",
         "| electra_tiny | +0.100 (better) |",
+    ]
+    one_seed = [r for r in results if r["seed"] == 0 or r["budget"] is not None]
+    assert study_report.versus_scratch(one_seed, ["trec_questions"], "flops")[2:] == [
+        "| bert_tiny | +0.010 (one seed) |",  # 0.51 over the 3 seeds against seed 0's 0.50
+        "| electra_tiny | +0.110 (one seed) |",
     ]
     without_scratch = [r for r in results if r["budget"] is not None]
     assert study_report.versus_scratch(without_scratch, ["trec_questions"], "flops") == []
