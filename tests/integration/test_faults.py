@@ -234,7 +234,13 @@ def test_a_second_writer_is_refused_and_the_first_run_goes_on(reference, tmp_pat
     model_dir = tmp_path / "run"
     first = smoke.start(model_dir)
     smoke.wait_for_step(first, model_dir, 3)
-    second = smoke.run(model_dir)
+    # Paused, so that it cannot finish (and release the lease) while the second one starts up:
+    # on a loaded 2-core machine the second's start-up took longer than the first's 27 steps.
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = smoke.run(model_dir)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert second.returncode == 2, second.stderr[-3000:]
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in second.stderr
