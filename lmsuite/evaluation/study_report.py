@@ -5,7 +5,8 @@ accuracy against training FLOPs, and every objective side by side per budget.
 
 Ties: two objectives differ only when their seeds' ranges of mean +- sd do not overlap
 (|mean_a - mean_b| > sd_a + sd_b); otherwise the difference is within the seeds' spread and
-reported as a tie. With one seed there is no spread and nothing is called a difference.
+reported as a tie. With fewer than MIN_SEEDS seeds on either side there is no spread to
+judge by: the comparison reads "not judged yet (one seed)", neither a difference nor a tie.
 
   write_report("studies/small", results, protocol={...})  # report.md, results.csv, *.png
 """
@@ -22,7 +23,11 @@ CSV_FILE = "results.csv"
 PLOT_FILE = "accuracy_vs_flops.png"
 OBJECTIVES_PLOT_FILE = "accuracy_by_objective.png"
 FILES = (REPORT_FILE, CSV_FILE, PLOT_FILE, OBJECTIVES_PLOT_FILE)  # what write_report writes
-VERDICT_WORDS = {">": "better", "<": "worse", "tie": "tie"}
+MIN_SEEDS = 2  # seeds a side needs before its spread can judge a difference
+UNJUDGED = "one seed"  # compare's verdict with fewer than MIN_SEEDS seeds on a side
+VERDICT_WORDS = {">": "better", "<": "worse", "tie": "tie", UNJUDGED: UNJUDGED}
+CLAIM_WORDS = {">": "reproduced", "<": "not reproduced", "tie": "tie",
+               UNJUDGED: "not judged yet (one seed)"}  # fmt: skip
 
 # The papers' headline directions: (claim, the experiments that should be at least as good,
 # the experiments they are compared with); the first experiment of each list that the study
@@ -45,13 +50,15 @@ def summarize(values: Sequence[float]) -> tuple[float, float, int]:
 
 
 def compare(a: Sequence[float], b: Sequence[float]) -> str:
-    """ ">" when a's mean is above b's beyond the seeds' spread, "<" below it, "tie" within it
-    (and "tie" with fewer than two seeds on either side: no spread to judge by).
+    """ ">" when a's mean is above b's beyond the seeds' spread, "<" below it, "tie" within it,
+    UNJUDGED with fewer than MIN_SEEDS seeds on either side (no spread to judge by).
 
     Example: a = [0.60, 0.62, 0.61], b = [0.55, 0.56, 0.54] -> ">" (0.61 - 0.55 > 0.01 + 0.01).
     """
     (mean_a, sd_a, n_a), (mean_b, sd_b, n_b) = summarize(a), summarize(b)
-    if min(n_a, n_b) < 2 or abs(mean_a - mean_b) <= sd_a + sd_b:
+    if min(n_a, n_b) < MIN_SEEDS:
+        return UNJUDGED
+    if abs(mean_a - mean_b) <= sd_a + sd_b:
         return "tie"
     return ">" if mean_a > mean_b else "<"
 
@@ -128,11 +135,7 @@ def claims(results: Sequence[dict], probes: Sequence[str], match: str) -> list[s
                 vb = _accuracies(grouped.get((b, budget), []), probe)
                 if not va or not vb:
                     continue
-                verdict = (
-                    "not judged yet (one seed)"
-                    if min(len(va), len(vb)) < 2
-                    else {">": "reproduced", "<": "not reproduced", "tie": "tie"}[compare(va, vb)]
-                )
+                verdict = CLAIM_WORDS[compare(va, vb)]
                 lines.append(
                     f"- {claim}, {_budget_text(budget, match)}, {probe}: **{verdict}** "
                     f"({a} {_cell(va)} vs {b} {_cell(vb)})"
@@ -141,7 +144,8 @@ def claims(results: Sequence[dict], probes: Sequence[str], match: str) -> list[s
 
 
 def rankings(results: Sequence[dict], probes: Sequence[str], match: str) -> list[str]:
-    """Per budget and probe: the leader and every objective tied with it."""
+    """Per budget and probe: the leader, every objective tied with it, and those that cannot
+    be judged against it yet (fewer than MIN_SEEDS seeds on either side)."""
     grouped = group(results)
     lines = []
     for budget in sorted({b for _, b in grouped if b is not None}):
@@ -153,13 +157,15 @@ def rankings(results: Sequence[dict], probes: Sequence[str], match: str) -> list
             if not scores:
                 continue
             leader = max(scores, key=lambda e: np.mean(scores[e]))
-            tied = [
-                e for e in scores if e != leader and compare(scores[leader], scores[e]) == "tie"
-            ]
-            if tied:
-                rest = f"tied with it: {', '.join(sorted(tied))}"
-            else:  # a study still running may have one objective at a budget
-                rest = "no tie" if len(scores) > 1 else "the only objective at this budget so far"
+            verdicts = {e: compare(scores[leader], scores[e]) for e in scores if e != leader}
+            tied = sorted(e for e, v in verdicts.items() if v == "tie")
+            unjudged = sorted(e for e, v in verdicts.items() if v == UNJUDGED)
+            if not verdicts:  # a study still running may have one objective at a budget
+                rest = "the only objective at this budget so far"
+            else:
+                rest = f"tied with it: {', '.join(tied)}" if tied else "no tie"
+                if unjudged:
+                    rest += f"; not judged yet (one seed): {', '.join(unjudged)}"
             lines.append(
                 f"- {_budget_text(budget, match)}, {probe}: best {leader} "
                 f"({_cell(scores[leader])}); {rest}"
@@ -189,11 +195,7 @@ def versus_scratch(results: Sequence[dict], probes: Sequence[str], match: str) -
                     row.append("")
                     continue
                 gain = np.mean(trained) - np.mean(scratch)
-                verdict = (
-                    "one seed" if min(len(trained), len(scratch)) < 2
-                    else VERDICT_WORDS[compare(trained, scratch)]
-                )  # fmt: skip
-                row.append(f"{gain:+.3f} ({verdict})")
+                row.append(f"{gain:+.3f} ({VERDICT_WORDS[compare(trained, scratch)]})")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

@@ -33,7 +33,8 @@ def _run(experiment, budget, seed, trec, vader=0.6, steps=100):
         ([0.60, 0.62, 0.61], [0.55, 0.56, 0.54], ">"),
         ([0.55, 0.56, 0.54], [0.60, 0.62, 0.61], "<"),
         ([0.60, 0.64, 0.62], [0.59, 0.61, 0.57], "tie"),  # 0.62 - 0.59 < 0.02 + 0.02
-        ([0.90], [0.10], "tie"),  # one seed: no spread to judge by
+        ([0.90], [0.10], "one seed"),  # no spread to judge by: neither a difference nor a tie
+        ([0.50, 0.50], [0.50], "one seed"),  # equal means, but one side has one seed
         ([0.5, 0.5], [0.4, 0.4], ">"),  # no spread at all: any difference counts
     ],
 )
@@ -82,6 +83,12 @@ def test_rankings_name_the_leader_its_ties_or_that_it_ran_alone():
     assert study_report.rankings(no_tie, ["trec_questions"], "flops") == [
         "- 1e+12 flops, trec_questions: best electra_tiny (0.710 +- 0.010); no tie"
     ]
+    # bert_tiny with one seed: its range cannot be told from electra's, nor called a tie
+    one_seed_bert = [r for r in results if r["experiment"] != "bert_tiny" or r["seed"] == 0]
+    assert study_report.rankings(one_seed_bert, ["trec_questions"], "flops")[0] == (
+        "- 1e+12 flops, trec_questions: best electra_tiny (0.710 +- 0.010); no tie; "
+        "not judged yet (one seed): bert_tiny"
+    )
 
 
 def test_each_objective_is_judged_against_its_own_architecture_from_scratch():
