@@ -11,8 +11,10 @@ it has spent the budget: its steps are the budget over XLA's FLOP count of its o
 experiment's own share of the run. Every run is then fine-tuned on the same probes with one
 recipe (`evaluation.probe_sweep`: a learning-rate sweep chosen on a dev split, the held-out
 split reported), and so is each experiment's architecture from random initialisation, the
-baseline pretraining has to beat. `--gin.KEY=VALUE` binds every run alike (e.g. one model
-size for all).
+baseline pretraining has to beat. Experiments that share an architecture and vocabulary
+(t5_1_1/t5_iid/t5_prefix_lm, bart/mass) share that baseline: it depends on nothing else, so
+the first one's is reused (`same_as` in the record) rather than trained again. `--gin.KEY=VALUE`
+binds every run alike (e.g. one model size for all).
 
 DIR keeps everything: study.json (the protocol; a resumed study must keep it), and per run
 runs/EXPERIMENT/BUDGET/seedN/ with pretrain/ (the run directory: config.gin, metrics.jsonl,
@@ -379,6 +381,18 @@ def run_one(
         # Its architecture and vocabulary only: no checkpoint is read, so a study whose
         # checkpoints were deleted (or never copied along with its records) still runs it.
         source = load_run(os.path.join(source, "pretrain"), weights=False)
+        record["scratch_key"] = scratch_key(source)
+        same = find_scratch(out_dir, seed, record["scratch_key"], besides=experiment)
+        if same is not None:
+            print(
+                f"    the same architecture and vocabulary as {same['experiment']}: its "
+                f"from-scratch baseline (seed {seed}) is this one's too",
+                flush=True,
+            )
+            record.update(probes=same["probes"], same_as=same["experiment"])
+            os.makedirs(run_dir, exist_ok=True)
+            _write_json(path, record)
+            return record
     else:
         record.update(pretrain(experiment, seed, run_dir, planned, budget, protocol, progress))
         source = os.path.join(run_dir, "pretrain")
@@ -399,6 +413,33 @@ def run_one(
     record["probes"] = probes
     _write_json(path, record)
     return record
+
+
+def scratch_key(model) -> str:
+    """A digest of what a from-scratch baseline depends on besides the seed and the study's
+    protocol: the architecture (the whole ModelConfig) and the vocabulary with its template."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(model.config).encode())
+    if model.vocab is not None:
+        digest.update(model.vocab.template.encode())
+        digest.update(model.vocab.proto.SerializeToString(deterministic=True))
+    return digest.hexdigest()
+
+
+def find_scratch(out_dir: str, seed: int, key: str, *, besides: str) -> dict | None:
+    """A finished from-scratch record of another experiment with this seed and `scratch_key`
+    (computed here, not itself reused), or None."""
+    root = os.path.join(out_dir, "runs")
+    for experiment in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+        path = os.path.join(root, experiment, SCRATCH, f"seed{seed}", RESULT_FILE)
+        if experiment == besides or not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            record = json.load(f)
+        if record.get("scratch_key") == key and "same_as" not in record:
+            return record
+    return None
 
 
 def _scratch_record(cost) -> dict:

@@ -216,3 +216,66 @@ def test_every_run_is_planned_before_any_trains(tmp_path, monkeypatch, capsys):
     assert [p["steps"] for p in planned["plans"].values()] == [21, 86]  # 4.66e9 per step
     assert "bert_tiny" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
+
+
+def test_a_scratch_baseline_is_shared_only_by_the_same_architecture_and_vocabulary(tmp_path):
+    from types import SimpleNamespace
+
+    from lmsuite.models.config import ModelConfig
+
+    base = ModelConfig(vocab_size=100, d_model=16, num_heads=2, head_dim=8, d_ff=32)
+    vocab = SimpleNamespace(template="cls_sep", proto=SimpleNamespace(
+        SerializeToString=lambda deterministic: b"pieces"))  # fmt: skip
+    key = study.scratch_key(SimpleNamespace(config=base, vocab=vocab))
+    assert key == study.scratch_key(SimpleNamespace(config=base.replace(), vocab=vocab))
+    others = [
+        SimpleNamespace(config=base.replace(d_ff=64), vocab=vocab),
+        SimpleNamespace(config=base, vocab=SimpleNamespace(template="none", proto=vocab.proto)),
+        SimpleNamespace(config=base, vocab=None),
+    ]
+    assert len({key, *(study.scratch_key(m) for m in others)}) == 4
+
+    def write(experiment, seed, **fields):
+        path = tmp_path / "runs" / experiment / study.SCRATCH / f"seed{seed}"
+        path.mkdir(parents=True)
+        record = {"experiment": experiment, "probes": {"trec_questions": {}}, **fields}
+        (path / study.RESULT_FILE).write_text(json.dumps(record))
+
+    assert study.find_scratch(str(tmp_path), 0, key, besides="mass_tiny") is None  # no runs yet
+    write("bart_tiny", 0, scratch_key=key)
+    write("mass_tiny", 1, scratch_key=key, same_as="bart_tiny")  # reused: not a source
+    write("t5_iid_tiny", 1, scratch_key="another architecture")
+    assert study.find_scratch(str(tmp_path), 0, key, besides="mass_tiny")["experiment"] == (
+        "bart_tiny"
+    )
+    assert study.find_scratch(str(tmp_path), 0, key, besides="bart_tiny") is None  # itself
+    assert study.find_scratch(str(tmp_path), 1, key, besides="x_tiny") is None  # other seed
+
+
+@pytest.mark.slow
+def test_experiments_of_one_architecture_share_their_scratch_baseline(tmp_path, monkeypatch):
+    calls = []
+    real_sweep = probe_sweep.sweep
+
+    def spy(model, probe, **kwargs):
+        calls.append(kwargs["from_scratch"])
+        return real_sweep(model, probe, **kwargs)
+
+    monkeypatch.setattr(probe_sweep, "sweep", spy)
+    argv = ["study", f"--out={tmp_path}", "--experiments=bart_tiny,mass_tiny", "--seeds=1",
+            f"--flops={TOY_FLOPS:g}", "--gin.train.eval_batches=2", *TOY]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert calls == [False, False, True]  # two pretrained runs, one baseline
+    runs = tmp_path / "runs"
+    bart = json.loads((runs / "bart_tiny" / study.SCRATCH / "seed0" / "result.json").read_text())
+    path = runs / "mass_tiny" / study.SCRATCH / "seed0" / "result.json"
+    mass = json.loads(path.read_text())
+    assert mass["same_as"] == "bart_tiny" and mass["probes"] == bart["probes"]
+    assert mass["scratch_key"] == bart["scratch_key"] and mass["experiment"] == "mass_tiny"
+    # Trained for itself, mass_tiny's baseline scores what bart_tiny's did.
+    path.unlink()
+    monkeypatch.setattr(study, "find_scratch", lambda *args, **kwargs: None)
+    assert cli.main(argv) == 0
+    assert calls == [False, False, True, True]
+    alone = json.loads(path.read_text())["probes"]["trec_questions"]
+    assert alone["test_accuracy"] == bart["probes"]["trec_questions"]["test_accuracy"]
