@@ -31,6 +31,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from statistics import fmean
 
 from lmsuite.cli.config import ConfigError
 
@@ -495,6 +496,25 @@ def export_records(out_dir: str, dest: str) -> int:
     return runs
 
 
+def seconds_left(rest: Sequence[tuple], spent: dict[tuple, list[float]]) -> float | None:
+    """The time the runs `rest` (experiment, budget, seed) will take, from the runs done so far
+    (`spent`: (experiment, budget) -> seconds): each run as the same experiment and budget's
+    mean, else its budget's, else all runs'. A 1e13 run takes several times a 2.5e12 one and a
+    baseline a fraction of either, so one mean over all of them misleads. None before any run
+    (or with nothing left)."""
+    if not rest or not spent:
+        return None
+    by_budget: dict = {}
+    for (_, budget), seconds in spent.items():
+        by_budget.setdefault(budget, []).extend(seconds)
+    overall = fmean(t for seconds in spent.values() for t in seconds)
+    total = 0.0
+    for experiment, budget, _ in rest:
+        same = spent.get((experiment, budget)) or by_budget.get(budget)
+        total += fmean(same) if same else overall
+    return total
+
+
 def run_study(args) -> list[dict]:
     from lmsuite.evaluation import study_report
 
@@ -509,7 +529,7 @@ def run_study(args) -> list[dict]:
     # Seed by seed, so that a study stopped early has every objective at every budget.
     per_seed = list(budgets) + ([] if args.no_scratch else [None])
     grid = [(e, b, s) for s in range(seeds) for b in per_seed for e in experiments]
-    results, spent = [], []  # spent: seconds of the runs this process did
+    results, spent = [], {}  # spent: (experiment, budget) -> seconds of the runs done here
     for i, (experiment, budget, seed) in enumerate(grid, 1):
         what = "from scratch" if budget is None else f"{budget:.4g} {protocol.match}"
         print(f"[{i}/{len(grid)}] {experiment}, {what}, seed {seed}", flush=True)
@@ -521,14 +541,12 @@ def run_study(args) -> list[dict]:
         results.append(record)
         seconds = time.perf_counter() - started
         if seconds > 1:  # trained here, not read back
-            spent.append(seconds)
+            spent.setdefault((experiment, budget), []).append(seconds)
         accuracies = ", ".join(
             f"{p} {r['test_accuracy']:.4f}" for p, r in record["probes"].items()
         )  # fmt: skip
-        left = len(grid) - i
-        eta = (
-            f"; about {left * sum(spent) / len(spent) / 60:.0f} min left" if spent and left else ""
-        )
+        left = seconds_left(grid[i:], spent)
+        eta = f"; about {left / 60:.0f} min left" if left else ""
         print(f"    {accuracies} ({seconds:.0f} s{eta})", flush=True)
         study_report.write_report(
             args.out_dir, results, protocol=dataclasses.asdict(protocol),

@@ -279,3 +279,14 @@ def test_experiments_of_one_architecture_share_their_scratch_baseline(tmp_path, 
     assert calls == [False, False, True, True]
     alone = json.loads(path.read_text())["probes"]["trec_questions"]
     assert alone["test_accuracy"] == bart["probes"]["trec_questions"]["test_accuracy"]
+
+
+def test_the_time_left_counts_each_run_as_its_own_kind():
+    spent = {("bert_tiny", 1e12): [100.0, 120.0], ("bert_tiny", 4e12): [400.0],
+             ("bert_tiny", None): [10.0]}  # fmt: skip
+    rest = [("bert_tiny", 1e12, 2),  # its own mean: 110
+            ("electra_tiny", 4e12, 1),  # its budget's: 400
+            ("electra_tiny", None, 1),  # the baselines': 10
+            ("electra_tiny", 9e12, 0)]  # a budget not run yet: every run's, 157.5  # fmt: skip
+    assert study.seconds_left(rest, spent) == pytest.approx(110 + 400 + 10 + 157.5)
+    assert study.seconds_left([], spent) is None and study.seconds_left(rest, {}) is None
