@@ -19,6 +19,20 @@ TOY = ["--probes=trec_questions", "--probe_learning_rates=1e-3", "--probe_epochs
        "--probe_max_train=64", "--probe_max_length=32", "--no_progress"]  # fmt: skip
 
 
+@pytest.fixture
+def sweeps(monkeypatch) -> list[bool]:
+    """Each probe sweep's `from_scratch`, in the order the study ran them (the sweeps run)."""
+    calls = []
+    real_sweep = probe_sweep.sweep
+
+    def spy(model, probe, **kwargs):
+        calls.append(kwargs["from_scratch"])
+        return real_sweep(model, probe, **kwargs)
+
+    monkeypatch.setattr(probe_sweep, "sweep", spy)
+    return calls
+
+
 def test_every_bad_flag_is_listed_at_once(tmp_path, capsys):
     code = cli.main(["study", f"--out={tmp_path}/s", "--experiments=bert_tiny,bert_tniy",
                      "--flops=1e12,lots", "--tokens=5", "--probes=trec_questions,glue",
@@ -146,15 +160,8 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_path, monkeypatch):
-    calls = []
-    real_sweep = probe_sweep.sweep
-
-    def spy(model, probe, **kwargs):
-        calls.append(kwargs["from_scratch"])
-        return real_sweep(model, probe, **kwargs)
-
-    monkeypatch.setattr(probe_sweep, "sweep", spy)
+def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_path, sweeps):
+    calls = sweeps
     argv = ["study", f"--out={tmp_path}", "--experiments=bert_tiny", "--seeds=1",
             f"--flops={20 * 1.17e9:.4g}", "--gin.BATCH_SIZE=8", "--gin.train.eval_batches=2",
             *TOY]  # fmt: skip
@@ -253,15 +260,10 @@ def test_a_scratch_baseline_is_shared_only_by_the_same_architecture_and_vocabula
 
 
 @pytest.mark.slow
-def test_experiments_of_one_architecture_share_their_scratch_baseline(tmp_path, monkeypatch):
-    calls = []
-    real_sweep = probe_sweep.sweep
-
-    def spy(model, probe, **kwargs):
-        calls.append(kwargs["from_scratch"])
-        return real_sweep(model, probe, **kwargs)
-
-    monkeypatch.setattr(probe_sweep, "sweep", spy)
+def test_experiments_of_one_architecture_share_their_scratch_baseline(
+    tmp_path, monkeypatch, sweeps
+):
+    calls = sweeps
     argv = ["study", f"--out={tmp_path}", "--experiments=bart_tiny,mass_tiny", "--seeds=1",
             f"--flops={TOY_FLOPS:g}", "--gin.train.eval_batches=2", *TOY]  # fmt: skip
     assert cli.main(argv) == 0
