@@ -16,10 +16,10 @@ baseline pretraining has to beat. Experiments that share an architecture and voc
 the first one's is reused (`same_as` in the record) rather than trained again. `--gin.KEY=VALUE`
 binds every run alike (e.g. one model size for all).
 
-DIR keeps everything: study.json (the protocol; a resumed study must keep it), and per run
-runs/EXPERIMENT/BUDGET/seedN/ with pretrain/ (the run directory: config.gin, metrics.jsonl,
-checkpoints), pretrain_segments.json (when each process pretrained it: the run's wall time),
-probes/ (each rate's metrics.json) and result.json, written last. A killed study
+DIR keeps everything (`study_records`): study.json (the protocol; a resumed study must keep
+it), and per run runs/EXPERIMENT/BUDGET/seedN/ with pretrain/ (the run directory: config.gin,
+metrics.jsonl, checkpoints), pretrain_segments.json (when each process pretrained it: the run's
+wall time), probes/ (each rate's metrics.json) and result.json, written last. A killed study
 run again with the same flags skips every run that has its result.json, resumes a pretraining
 from its newest checkpoint and a sweep from its next rate; adding experiments, budgets or seeds
 extends it. The report (report.md, results.csv and two plots) is rewritten after
@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from statistics import fmean
 
+from lmsuite.cli import study_records as records
 from lmsuite.cli.config import ConfigError
 
 DEFAULT_EXPERIMENTS = (
@@ -43,9 +44,6 @@ DEFAULT_PROBES = "trec_questions,vader_sentiment"
 DEFAULT_RATES = "3e-4,1e-3,3e-3"  # tiny models fine-tune at larger rates than BERT's 2e-5
 MATCHES = ("flops", "tokens")
 MAX_BUDGET_ERROR = 0.05  # a run may spend its budget to within 5% (whole steps)
-STUDY_FILE = "study.json"
-RESULT_FILE = "result.json"
-SCRATCH = "scratch"  # the budget directory of the no-pretraining baseline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +170,7 @@ def check_protocol(out_dir: str, protocol: Protocol, *, write: bool = True) -> N
     Raises:
       ConfigError: naming each setting that differs from the study in `out_dir`.
     """
-    path = os.path.join(out_dir, STUDY_FILE)
+    path = os.path.join(out_dir, records.STUDY_FILE)
     ours = json.loads(json.dumps(dataclasses.asdict(protocol)))  # tuples as JSON lists
     if os.path.exists(path):
         with open(path) as f:
@@ -189,19 +187,7 @@ def check_protocol(out_dir: str, protocol: Protocol, *, write: bool = True) -> N
         return
     if write:
         os.makedirs(out_dir, exist_ok=True)
-        _write_json(path, ours)
-
-
-def _write_json(path: str, value) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
-    os.replace(tmp, path)  # whole or absent: a kill never leaves half a result
-
-
-def budget_label(budget: float) -> str:
-    """A budget's directory name: 2.5e12 -> "2.5e+12"."""
-    return f"{budget:.4g}"
+        records.write_json(path, ours)
 
 
 def _experiment_run(experiment: str, model_dir: str, bindings: Sequence[str]):
@@ -267,7 +253,7 @@ def plan_study(experiments, budgets, protocol) -> dict:
     if problems:
         raise ConfigError(problems)
     head = f"{'experiment':<20} {'params':>10} {'FLOPs/step':>11} {'tokens/step':>11}"
-    print(head + "".join(f" {'steps@' + budget_label(b):>14}" for b in budgets))
+    print(head + "".join(f" {'steps@' + records.budget_label(b):>14}" for b in budgets))
     for experiment, planned in out.items():
         cost = planned["cost"]
         print(
@@ -275,36 +261,6 @@ def plan_study(experiments, budgets, protocol) -> dict:
             + "".join(f" {planned['plans'][b]['steps']:>14,}" for b in budgets)
         )
     return out
-
-
-SEGMENTS_FILE = "pretrain_segments.json"
-
-
-def begin_segment(run_dir: str, metrics_path: str) -> list[dict]:
-    """Appends this process's pretraining segment ({"start": now}) to the run's segments and
-    returns them. A segment left without an end (its process was stopped) ends when it last
-    wrote a metric, the metrics file's modification time: the time it spent after that (at
-    most one log window, or an evaluation) is not counted."""
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, SEGMENTS_FILE)
-    segments = []
-    if os.path.exists(path):
-        with open(path) as f:
-            segments = json.load(f)
-    if segments and "end" not in segments[-1]:
-        last_write = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else 0.0
-        segments[-1]["end"] = max(segments[-1]["start"], last_write)
-    segments.append({"start": time.time()})
-    _write_json(path, segments)
-    return segments
-
-
-def end_segment(run_dir: str, segments: list[dict]) -> float:
-    """Closes the last segment now and returns the seconds of all of them: the run's
-    pretraining wall time across every process that worked on it."""
-    segments[-1]["end"] = time.time()
-    _write_json(os.path.join(run_dir, SEGMENTS_FILE), segments)
-    return sum(segment["end"] - segment["start"] for segment in segments)
 
 
 def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: float, protocol,
@@ -326,9 +282,9 @@ def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: fl
         f"train.progress_bar = {progress}",
     ]
     run = _experiment_run(experiment, model_dir, bindings)
-    segments = begin_segment(run_dir, os.path.join(model_dir, "metrics.jsonl"))
+    segments = records.begin_segment(run_dir, os.path.join(model_dir, "metrics.jsonl"))
     lmsuite.train(run)
-    seconds = end_segment(run_dir, segments)
+    seconds = records.end_segment(run_dir, segments)
     history = metrics.read_jsonl(os.path.join(model_dir, "metrics.jsonl"))
     held_out = {}
     for record in history:  # the last evaluation (a finished run resumed evaluates no more)
@@ -364,26 +320,23 @@ def run_one(
     from lmsuite.evaluation import probe_sweep
     from lmsuite.evaluation.load import load_run
 
-    label = SCRATCH if budget is None else budget_label(budget)
-    run_dir = os.path.join(out_dir, "runs", experiment, label, f"seed{seed}")
-    path = os.path.join(run_dir, RESULT_FILE)
+    run_dir = records.run_dir(out_dir, experiment, budget, seed)
+    path = os.path.join(run_dir, records.RESULT_FILE)
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     record = {"experiment": experiment, "budget": budget, "match": protocol.match, "seed": seed}
     if budget is None:
-        record.update(_scratch_record(planned["cost"]))
-        source = os.path.join(
-            out_dir, "runs", experiment, budget_label(scratch_from), f"seed{seed}"
-        )
-        with open(os.path.join(source, RESULT_FILE)) as f:  # (run before the baseline)
+        record.update(records.scratch_record(planned["cost"]))
+        source = records.run_dir(out_dir, experiment, scratch_from, seed)
+        with open(os.path.join(source, records.RESULT_FILE)) as f:  # (run before the baseline)
             first = json.load(f)
         record.update(recipe=first["recipe"], architecture=first["architecture"])
         # Its architecture and vocabulary only: no checkpoint is read, so a study whose
         # checkpoints were deleted (or never copied along with its records) still runs it.
         source = load_run(os.path.join(source, "pretrain"), weights=False)
-        record["scratch_key"] = scratch_key(source)
-        same = find_scratch(out_dir, seed, record["scratch_key"], besides=experiment)
+        record["scratch_key"] = records.scratch_key(source)
+        same = records.find_scratch(out_dir, seed, record["scratch_key"], besides=experiment)
         if same is not None:
             print(
                 f"    the same architecture and vocabulary as {same['experiment']}: its "
@@ -392,7 +345,7 @@ def run_one(
             )
             record.update(probes=same["probes"], same_as=same["experiment"])
             os.makedirs(run_dir, exist_ok=True)
-            _write_json(path, record)
+            records.write_json(path, record)
             return record
     else:
         record.update(pretrain(experiment, seed, run_dir, planned, budget, protocol, progress))
@@ -412,88 +365,8 @@ def run_one(
             from_scratch=budget is None,
         )
     record["probes"] = probes
-    _write_json(path, record)
+    records.write_json(path, record)
     return record
-
-
-def scratch_key(model) -> str:
-    """A digest of what a from-scratch baseline depends on besides the seed and the study's
-    protocol: the architecture (the whole ModelConfig) and the vocabulary with its template."""
-    import hashlib
-
-    digest = hashlib.sha256(repr(model.config).encode())
-    if model.vocab is not None:
-        digest.update(model.vocab.template.encode())
-        digest.update(model.vocab.proto.SerializeToString(deterministic=True))
-    return digest.hexdigest()
-
-
-def find_scratch(out_dir: str, seed: int, key: str, *, besides: str) -> dict | None:
-    """A finished from-scratch record of another experiment with this seed and `scratch_key`
-    (computed here, not itself reused), or None."""
-    root = os.path.join(out_dir, "runs")
-    for experiment in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-        path = os.path.join(root, experiment, SCRATCH, f"seed{seed}", RESULT_FILE)
-        if experiment == besides or not os.path.isfile(path):
-            continue
-        with open(path) as f:
-            record = json.load(f)
-        if record.get("scratch_key") == key and "same_as" not in record:
-            return record
-    return None
-
-
-def _scratch_record(cost) -> dict:
-    """The from-scratch baseline's record: the architecture's size, nothing spent. Its probes
-    take only the config and vocabulary of the same experiment and seed's first budget run
-    (`finetune_classifier(from_scratch=True)` initialises every weight from the seed)."""
-    return {
-        "params": cost.params,
-        "flops_per_step": cost.flops,
-        "tokens_per_step": cost.tokens,
-        "steps": 0,
-        "flops": 0.0,
-        "tokens": 0,
-    }
-
-
-# What `--export` copies: the study's files, and per finished run what reading it back needs
-# (result.json) and what shows how it ran; checkpoints, TensorBoard logs and metrics.jsonl stay.
-EXPORTED_RUN_FILES = (RESULT_FILE, SEGMENTS_FILE, "pretrain/config.gin", "pretrain/run.json")
-
-
-def export_records(out_dir: str, dest: str) -> int:
-    """Copies `out_dir`'s study.json, its report's files and its finished runs' records
-    (`EXPORTED_RUN_FILES`, each probe rate's metrics.json) to `dest`; returns how many runs.
-    A run without result.json is left: without its checkpoints it would start again anyway.
-
-    Raises:
-      ConfigError: `out_dir` holds no study.
-    """
-    import shutil
-
-    from lmsuite.evaluation import study_report
-
-    if not os.path.isfile(os.path.join(out_dir, STUDY_FILE)):
-        raise ConfigError([f"--out={out_dir} holds no study to export ({STUDY_FILE} is missing)"])
-    study_files = (STUDY_FILE, *study_report.FILES)
-    wanted = [f for f in study_files if os.path.isfile(os.path.join(out_dir, f))]
-    runs = 0
-    for root, _, files in os.walk(os.path.join(out_dir, "runs")):
-        if RESULT_FILE not in files:
-            continue
-        runs += 1
-        run = os.path.relpath(root, out_dir)
-        wanted += [os.path.join(run, f) for f in EXPORTED_RUN_FILES]
-        for probe_root, _, probe_files in os.walk(os.path.join(root, "probes")):
-            if "metrics.json" in probe_files:
-                wanted.append(os.path.join(os.path.relpath(probe_root, out_dir), "metrics.json"))
-    for name in wanted:
-        source = os.path.join(out_dir, name)
-        if os.path.isfile(source):
-            os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
-            shutil.copy2(source, os.path.join(dest, name))
-    return runs
 
 
 def seconds_left(rest: Sequence[tuple], spent: dict[tuple, list[float]]) -> float | None:
@@ -519,7 +392,7 @@ def run_study(args) -> list[dict]:
     from lmsuite.evaluation import study_report
 
     if args.export:
-        runs = export_records(args.out_dir, args.export)
+        runs = records.export_records(args.out_dir, args.export)
         print(f"exported the records of {runs} finished runs to {args.export}")
         return []
     protocol, experiments, budgets, seeds = parse_settings(args)

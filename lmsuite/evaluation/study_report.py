@@ -387,7 +387,9 @@ def write_report(
         + (", ".join(f"`{b}`" for b in protocol["bindings"]) or "none (the experiments' own)")
         + ".",
         "",
-        "Differences within the seeds' spread (mean +- sd ranges that overlap) are ties.",
+        "Differences within the seeds' spread (mean +- sd ranges that overlap) are ties; with "
+        f"fewer than {MIN_SEEDS} seeds on either side a difference is not judged yet "
+        f'("{UNJUDGED}").',
         "",
         *table(results, probes, match),
         "",

@@ -11,6 +11,7 @@ import pytest
 import lmsuite
 from lmsuite import cli
 from lmsuite.cli import study
+from lmsuite.cli import study_records as records
 from lmsuite.evaluation import probe_sweep, study_report
 from lmsuite.training.step_cost import StepCost
 from tests.training.cli_errors import problem_lines
@@ -89,22 +90,6 @@ def test_budgets_become_whole_steps_within_five_percent():
 
 
 @pytest.mark.slow
-def test_a_runs_wall_time_adds_every_process_that_pretrained_it(tmp_path, monkeypatch):
-    clock = iter([100.0, 500.0, 530.0])
-    monkeypatch.setattr(study.time, "time", lambda: next(clock))
-    metrics = tmp_path / "pretrain" / "metrics.jsonl"
-    first = study.begin_segment(str(tmp_path), str(metrics))  # at 100 s; no metrics yet
-    assert first == [{"start": 100.0}]
-    metrics.parent.mkdir()
-    metrics.write_text('{"step": 10}\n')
-    os.utime(metrics, (140.0, 140.0))  # its last metric at 140 s, then the process is killed
-    segments = study.begin_segment(str(tmp_path), str(metrics))  # resumed at 500 s
-    assert segments == [{"start": 100.0, "end": 140.0}, {"start": 500.0}]
-    assert study.end_segment(str(tmp_path), segments) == 40.0 + 30.0  # finished at 530 s
-    written = json.loads((tmp_path / study.SEGMENTS_FILE).read_text())
-    assert written == [{"start": 100.0, "end": 140.0}, {"start": 500.0, "end": 530.0}]
-
-
 def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypatch, capsys):
     # bert_tiny at batch 8: 20 steps; two seeds, no scratch baselines
     argv = ["study", f"--out={tmp_path}", "--experiments=bert_tiny", "--seeds=2",
@@ -122,7 +107,7 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypa
     monkeypatch.setattr(probe_sweep, "sweep", killed_in_the_second_run)
     with pytest.raises(KeyboardInterrupt):
         cli.main(argv)
-    first = tmp_path / "runs" / "bert_tiny" / study.budget_label(20 * 1.17e9) / "seed0"
+    first = tmp_path / "runs" / "bert_tiny" / records.budget_label(20 * 1.17e9) / "seed0"
     second = first.parent / "seed1"
     assert (first / "result.json").exists() and not (second / "result.json").exists()
     finished = (first / "result.json").stat().st_mtime_ns
@@ -167,11 +152,11 @@ def test_the_from_scratch_baseline_fine_tunes_the_untrained_architecture(tmp_pat
             *TOY]  # fmt: skip
     assert cli.main(argv) == 0
     assert calls == [False, True]  # the pretrained run, then the baseline
-    scratch = tmp_path / "runs" / "bert_tiny" / study.SCRATCH / "seed0"
+    scratch = tmp_path / "runs" / "bert_tiny" / records.SCRATCH / "seed0"
     first = json.loads((scratch / "result.json").read_text())
     # The baseline reads no checkpoint: without the pretrained run's, it runs again alike.
     shutil.rmtree(scratch)
-    pretrained = scratch.parent.parent / study.budget_label(20 * 1.17e9) / "seed0"
+    pretrained = scratch.parent.parent / records.budget_label(20 * 1.17e9) / "seed0"
     shutil.rmtree(pretrained / "pretrain" / "checkpoints")
     assert cli.main(argv) == 0
     assert calls == [False, True, True]
@@ -195,7 +180,7 @@ def test_a_toy_study_of_every_default_objective_spends_its_budget(tmp_path, caps
     experiments = study.DEFAULT_EXPERIMENTS.split(",")
     report = (tmp_path / study_report.REPORT_FILE).read_text()
     for experiment in experiments:
-        path = tmp_path / "runs" / experiment / study.budget_label(TOY_FLOPS) / "seed0"
+        path = tmp_path / "runs" / experiment / records.budget_label(TOY_FLOPS) / "seed0"
         record = json.loads((path / "result.json").read_text())
         assert abs(record["flops"] - TOY_FLOPS) / TOY_FLOPS <= study.MAX_BUDGET_ERROR
         assert record["steps"] == round(TOY_FLOPS / record["flops_per_step"])
@@ -225,40 +210,6 @@ def test_every_run_is_planned_before_any_trains(tmp_path, monkeypatch, capsys):
     assert os.listdir(tmp_path) == []
 
 
-def test_a_scratch_baseline_is_shared_only_by_the_same_architecture_and_vocabulary(tmp_path):
-    from types import SimpleNamespace
-
-    from lmsuite.models.config import ModelConfig
-
-    base = ModelConfig(vocab_size=100, d_model=16, num_heads=2, head_dim=8, d_ff=32)
-    vocab = SimpleNamespace(template="cls_sep", proto=SimpleNamespace(
-        SerializeToString=lambda deterministic: b"pieces"))  # fmt: skip
-    key = study.scratch_key(SimpleNamespace(config=base, vocab=vocab))
-    assert key == study.scratch_key(SimpleNamespace(config=base.replace(), vocab=vocab))
-    others = [
-        SimpleNamespace(config=base.replace(d_ff=64), vocab=vocab),
-        SimpleNamespace(config=base, vocab=SimpleNamespace(template="none", proto=vocab.proto)),
-        SimpleNamespace(config=base, vocab=None),
-    ]
-    assert len({key, *(study.scratch_key(m) for m in others)}) == 4
-
-    def write(experiment, seed, **fields):
-        path = tmp_path / "runs" / experiment / study.SCRATCH / f"seed{seed}"
-        path.mkdir(parents=True)
-        record = {"experiment": experiment, "probes": {"trec_questions": {}}, **fields}
-        (path / study.RESULT_FILE).write_text(json.dumps(record))
-
-    assert study.find_scratch(str(tmp_path), 0, key, besides="mass_tiny") is None  # no runs yet
-    write("bart_tiny", 0, scratch_key=key)
-    write("mass_tiny", 1, scratch_key=key, same_as="bart_tiny")  # reused: not a source
-    write("t5_iid_tiny", 1, scratch_key="another architecture")
-    assert study.find_scratch(str(tmp_path), 0, key, besides="mass_tiny")["experiment"] == (
-        "bart_tiny"
-    )
-    assert study.find_scratch(str(tmp_path), 0, key, besides="bart_tiny") is None  # itself
-    assert study.find_scratch(str(tmp_path), 1, key, besides="x_tiny") is None  # other seed
-
-
 @pytest.mark.slow
 def test_experiments_of_one_architecture_share_their_scratch_baseline(
     tmp_path, monkeypatch, sweeps
@@ -269,14 +220,14 @@ def test_experiments_of_one_architecture_share_their_scratch_baseline(
     assert cli.main(argv) == 0
     assert calls == [False, False, True]  # two pretrained runs, one baseline
     runs = tmp_path / "runs"
-    bart = json.loads((runs / "bart_tiny" / study.SCRATCH / "seed0" / "result.json").read_text())
-    path = runs / "mass_tiny" / study.SCRATCH / "seed0" / "result.json"
+    bart = json.loads((runs / "bart_tiny" / records.SCRATCH / "seed0" / "result.json").read_text())
+    path = runs / "mass_tiny" / records.SCRATCH / "seed0" / "result.json"
     mass = json.loads(path.read_text())
     assert mass["same_as"] == "bart_tiny" and mass["probes"] == bart["probes"]
     assert mass["scratch_key"] == bart["scratch_key"] and mass["experiment"] == "mass_tiny"
     # Trained for itself, mass_tiny's baseline scores what bart_tiny's did.
     path.unlink()
-    monkeypatch.setattr(study, "find_scratch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(records, "find_scratch", lambda *args, **kwargs: None)
     assert cli.main(argv) == 0
     assert calls == [False, False, True, True]
     alone = json.loads(path.read_text())["probes"]["trec_questions"]
