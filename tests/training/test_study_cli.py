@@ -1,5 +1,7 @@
 """`lmsuite study`: its flags checked at once, the protocol a resumed study must keep, budgets
-turned into steps, and (slow) a killed study that resumes without redoing finished runs."""
+turned into steps, a killed study that resumes without redoing finished runs (fast: it is the
+fast suite's end-to-end run of the bert_mlm_nsp row, `test_recipes.TRAINED_BY_TEST`), and (slow)
+the from-scratch baselines and a toy study of every default objective."""
 
 import json
 import os
@@ -89,7 +91,6 @@ def test_budgets_become_whole_steps_within_five_percent():
         study.plan_steps(_Run, cost, budget=6.4e9, match="flops")
 
 
-@pytest.mark.slow
 def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path, monkeypatch, capsys):
     # bert_tiny at batch 8: 20 steps; two seeds, no scratch baselines
     argv = ["study", f"--out={tmp_path}", "--experiments=bert_tiny", "--seeds=2",
