@@ -15,6 +15,7 @@ from lmsuite.cli.config import ConfigError
 STUDY_FILE = "study.json"
 RESULT_FILE = "result.json"
 SCRATCH = "scratch"  # the budget directory of the no-pretraining baseline
+SEGMENTS_FILE = "pretrain_segments.json"
 
 
 def write_json(path: str, value) -> None:
@@ -34,9 +35,6 @@ def run_dir(out_dir: str, experiment: str, budget: float | None, seed: int) -> s
     """The directory of one run (budget None: the from-scratch baseline)."""
     label = SCRATCH if budget is None else budget_label(budget)
     return os.path.join(out_dir, "runs", experiment, label, f"seed{seed}")
-
-
-SEGMENTS_FILE = "pretrain_segments.json"
 
 
 def begin_segment(run_dir: str, metrics_path: str) -> list[dict]:
@@ -83,7 +81,7 @@ def find_scratch(out_dir: str, seed: int, key: str, *, besides: str) -> dict | N
     (computed here, not itself reused), or None."""
     root = os.path.join(out_dir, "runs")
     for experiment in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-        path = os.path.join(root, experiment, SCRATCH, f"seed{seed}", RESULT_FILE)
+        path = os.path.join(run_dir(out_dir, experiment, None, seed), RESULT_FILE)
         if experiment == besides or not os.path.isfile(path):
             continue
         with open(path) as f:

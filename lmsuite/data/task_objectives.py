@@ -291,6 +291,8 @@ def _pmlm(dataset, sequence_length, *, vocab):
         mask_id=ids.mask,
         # The vocabulary has no [P] piece: the first sentinel <extra_id_0> plays it.
         pseudo_id=ids.sentinels[0],
+        vocab_size=vocab.vocab_size,
+        special_ids=ids.all,
     )
 
 

@@ -1,4 +1,5 @@
-"""UniLMv2 PMLM data: the row layout, and masking statistics against the paper's Algorithm 1."""
+"""UniLMv2 PMLM data: the row layout, masking statistics against the paper's Algorithm 1, and
+BERT's 80/10/10 deciding each masked token's [M] and [P] together (UniLMv2's released code)."""
 
 import itertools
 import math
@@ -11,11 +12,13 @@ import tensorflow as tf
 from lmsuite.data.preprocessors import pmlm
 
 CLS, SEP, MASK, PSEUDO = 2, 3, 4, 999
+VOCAB = dict(vocab_size=1000, special_ids=(0, 1, CLS, SEP, MASK))
+ALL_MASKED = dict(mask_fraction=1.0, random_fraction=0.0)
 # Algorithm 1: a block is one token with probability 0.6, else an n-gram, n uniform in 2..6.
 BLOCK_PROBABILITIES = {1: 0.6, **{n: 0.4 / 5 for n in range(2, 7)}}
 
 
-def _examples(*, chunk, num, length_extra=0, seed=5):
+def _examples(*, chunk, num, length_extra=0, seed=5, **fractions):
     """`num` PMLM rows over chunks of `chunk` tokens of a counting stream, and the chunks."""
     predictions = pmlm.max_masked(chunk) + length_extra
     length = chunk + 2 + 2 * predictions
@@ -30,6 +33,8 @@ def _examples(*, chunk, num, length_extra=0, seed=5):
                 sep_id=SEP,
                 mask_id=MASK,
                 pseudo_id=PSEUDO,
+                **VOCAB,
+                **fractions,
             ).as_numpy_iterator()
         )
     assert len(out) == num
@@ -84,11 +89,24 @@ def test_budget_and_widths():
             sep_id=SEP,
             mask_id=MASK,
             pseudo_id=PSEUDO,
+            **VOCAB,
+        )
+    with pytest.raises(ValueError, match="mask_fraction \\+ random_fraction = 1.1 exceeds 1"):
+        pmlm.pmlm(
+            tf.data.Dataset.from_tensors({"targets": tf.range(5)}),
+            sequence_length={"input_ids": 128},
+            cls_id=CLS,
+            sep_id=SEP,
+            mask_id=MASK,
+            pseudo_id=PSEUDO,
+            **VOCAB,
+            mask_fraction=0.9,
+            random_fraction=0.2,
         )
 
 
 def test_layout_positions_steps_and_targets():
-    out, chunks = _examples(chunk=30, num=60, length_extra=2)
+    out, chunks = _examples(chunk=30, num=60, length_extra=2, **ALL_MASKED)
     for x, chunk in zip(out, chunks, strict=True):
         n, ids, m = len(chunk), x["input_ids"], int(x["masked_weights"].sum())
         assert len(ids) == n + 2 + 2 * m and m >= pmlm.masked_budget(n)
@@ -96,7 +114,7 @@ def test_layout_positions_steps_and_targets():
         assert main[0] == CLS and main[-1] == SEP
         np.testing.assert_array_equal(x["masked_ids"][:m], chunk[positions - 1])
         unmasked = np.setdiff1d(np.arange(1, n + 1), positions)
-        assert (main[positions] == MASK).all()  # never kept, never random
+        assert (main[positions] == MASK).all()  # mask_fraction 1: never kept, never random
         np.testing.assert_array_equal(main[unmasked], chunk[unmasked - 1])
         np.testing.assert_array_equal(x["position_ids"][: n + 2], np.arange(n + 2))
         assert not x["pmlm_step"][: n + 2].any() and not x["pmlm_pseudo"][: n + 2].any()
@@ -161,3 +179,31 @@ def test_masking_statistics_match_algorithm_1():
     counts = np.array([orders.count(p) for p in perms])
     expected = len(orders) / 6
     assert len(orders) > 200 and ((counts - expected) ** 2 / expected).sum() < 20.5, counts
+
+
+@pytest.mark.parametrize("replace_main", [False, True])
+def test_pseudo_tokens_follow_80_10_10(replace_main):
+    out, _ = _examples(chunk=40, num=400, seed=11, replace_main=replace_main)
+    shown, pseudo, originals = [], [], []
+    for x in out:
+        m = int(x["masked_weights"].sum())
+        shown.append(x["input_ids"][x["masked_positions"][:m]])
+        pseudo.append(x["input_ids"][x["pseudo_positions"][:m]])
+        originals.append(x["masked_ids"][:m])
+    shown, pseudo, originals = map(np.concatenate, (shown, pseudo, originals))
+    masked = pseudo == PSEUDO
+    if replace_main:  # one draw decides both: [M] goes with [P], else the same value
+        np.testing.assert_array_equal(shown == MASK, masked)
+        np.testing.assert_array_equal(shown[~masked], pseudo[~masked])
+    else:  # the main sequence never shows a masked token's original (nor a random piece)
+        assert (shown == MASK).all()
+    replaced = ~masked & (pseudo != originals)
+    pool = np.setdiff1d(np.arange(1000), [*VOCAB["special_ids"], PSEUDO])
+    assert np.isin(pseudo[replaced], pool).all()  # never a special id, [M] or [P]
+    # Shares against 0.8 / 0.1 / 0.1 (a random draw equal to the original counts as kept),
+    # each within 5 binomial standard errors.
+    n = len(pseudo)
+    same = 0.1 / len(pool)
+    for share, p in [(masked, 0.8), (replaced, 0.1 - same), (pseudo == originals, 0.1 + same)]:
+        assert abs(share.sum() - n * p) < 5 * math.sqrt(n * p * (1 - p)), (share.mean(), p)
+    assert n > 2000

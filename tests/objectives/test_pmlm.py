@@ -60,7 +60,14 @@ def _batch(num=40, length=64, seed=3):
     lengths = {"input_ids": length, "masked_ids": predictions}
     with seqio.map_seed_manager(seed):
         ds = pmlm_data.pmlm(
-            ds, sequence_length=lengths, cls_id=CLS, sep_id=SEP, mask_id=MASK, pseudo_id=PSEUDO
+            ds,
+            sequence_length=lengths,
+            cls_id=CLS,
+            sep_id=SEP,
+            mask_id=MASK,
+            pseudo_id=PSEUDO,
+            vocab_size=1000,
+            special_ids=(0, 1, CLS, SEP, MASK),
         )
     converter = feature_converters.EncoderMlmFeatureConverter(
         span_features=(pmlm_data.PSEUDO_POSITIONS,), sequence_features=pmlm_data.FEATURES

@@ -12,10 +12,22 @@ a uniformly random permutation of the blocks: each PAR step predicts one block.
 Layout: the main sequence `[CLS] x [SEP]` with every masked token replaced by [M] (the AE
 inputs: they see the whole main sequence), then, for each step in the factorization order, one
 pseudo token [P] per token of its block followed by a copy of the block's original tokens. A
-pseudo or copied token carries the position id of the token it stands for. No masked token is
-kept or replaced at random in the main sequence: the [P] queries see the whole main sequence
-(the paper's "conventional masks provide global masking information"), so a kept token there
-would show them their own target.
+pseudo or copied token carries the position id of the token it stands for.
+
+Replacement: each masked token's [P] follows BERT's 80/10/10 (one uniform draw: [P] with
+probability 0.8, a random ordinary piece with 0.1, the original with 0.1), as the released
+UniLMv2 code treats its pseudo tokens (microsoft/unilm `s2s-ft`, the pseudo-masking fine-tuning
+`mask_way='v2'`: `get_masked_token` with `keep_prob` = `random_prob` = 0.1). The paper's text
+does not say. A kept [P] shows its own target to itself and to the [P] queries of its block,
+as a kept pseudo token does in that code when a span shares its span id. Every masked token
+stays [M] in the main sequence: the [P] queries of every step see the whole main sequence (the
+paper's "conventional masks provide global masking information"), so a token kept there would
+show earlier steps a later block's original, which the factorization forbids.
+`replace_main=True` lets the same draw decide the main-sequence token too (so [M], the random
+piece or the original stand in both places; the released code's corrupted target tokens take
+their pseudo token's value likewise, but only later spans see them there). With
+`mask_fraction=1.0, random_fraction=0.0` every masked token is [M] and [P] (lmsuite's rows
+before 2026-12-05; docs/research/encoder_twins.md compares the three).
 
 The attention mask is not a feature: the model side builds it (`lmsuite.objectives.pmlm`) from
 two small per-token features, `pmlm_step` (0 on the main sequence and padding, k on the tokens
@@ -32,12 +44,12 @@ token, is aligned with `masked_ids[i]`: the PAR targets are the AE targets.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import seqio
 import tensorflow as tf
 
-from lmsuite.data.preprocessors import lm
+from lmsuite.data.preprocessors import lm, mlm
 from lmsuite.data.preprocessors.unilm import place_units
 
 MASK_RATE = 0.15
@@ -89,9 +101,38 @@ def _sample_blocks(*, budget, n, seed):
     return tf.concat([blocks[:-1], [tf.minimum(blocks[-1], n - before)]], axis=0)
 
 
-def pmlm_example(tokens, *, seed, cls_id, sep_id, mask_id, pseudo_id, max_predictions):
-    """PMLM features for one chunk of >= 1 token ids (see `pmlm` for the example)."""
-    seeds = tf.random.experimental.stateless_split(seed, 3)
+def _replacements(originals, *, seed, spec: mlm.MlmSpec, pseudo_id: int, replace_main: bool):
+    """The main-sequence and [P] values of the masked tokens `originals` (in any order): one
+    draw each, [P] below `spec.mask_fraction`, then a random ordinary piece below
+    `mask_fraction + random_fraction`, else the original; the main sequence shows [M], or with
+    `replace_main` what the same draw gave (the random piece being the same one).
+
+    Example (mask_fraction 0.8, random_fraction 0.1): originals [17, 18, 19], draws 0.3, 0.85,
+    0.95, random piece 40 -> pseudo [P, 40, 19]; main [M, M, M], with replace_main
+    [M, 40, 19].
+    """
+    decision_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    draws = tf.random.stateless_uniform(tf.shape(originals), decision_seed)
+    pool = tf.constant(spec.replacement_ids)
+    random_ids = tf.gather(
+        pool,
+        tf.random.stateless_uniform(tf.shape(originals), random_seed, 0, pool.shape[0], tf.int32),
+    )
+    to_mask = draws < spec.mask_fraction
+    to_random = ~to_mask & (draws < spec.mask_fraction + spec.random_fraction)
+    shown = tf.where(to_random, tf.cast(random_ids, originals.dtype), originals)
+    mask = tf.fill(tf.shape(originals), tf.cast(spec.mask_id, originals.dtype))
+    main = tf.where(to_mask, mask, shown) if replace_main else mask
+    return main, tf.where(to_mask, tf.cast(pseudo_id, originals.dtype), shown)
+
+
+def pmlm_example(
+    tokens, *, seed, cls_id, sep_id, pseudo_id, spec: mlm.MlmSpec, replace_main: bool = False
+):
+    """PMLM features for one chunk of >= 1 token ids (see `pmlm` for the example); `spec`
+    gives [M] (`mask_id`), the width `max_predictions` and the replacement fractions."""
+    max_predictions = spec.max_predictions
+    seeds = tf.random.experimental.stateless_split(seed, 4)
     n = tf.size(tokens)
     budget = tf.cast(tf.math.ceil(MASK_RATE * tf.cast(n, tf.float32) - 1e-4), tf.int32)
     budget = tf.clip_by_value(budget, 1, n)
@@ -123,9 +164,6 @@ def pmlm_example(tokens, *, seed, cls_id, sep_id, mask_id, pseudo_id, max_predic
 
     main_length = n + 2
     main = tf.concat([[cls_id], tokens, [sep_id]], axis=0)
-    main = tf.tensor_scatter_nd_update(
-        main, positions[:, None], tf.fill([masked], tf.cast(mask_id, main.dtype))
-    )
     ones = tf.ones([masked], tf.int32)
     zeros = tf.zeros([main_length], tf.int32)
     checks = [
@@ -135,10 +173,12 @@ def pmlm_example(tokens, *, seed, cls_id, sep_id, mask_id, pseudo_id, max_predic
     ]
     with tf.control_dependencies(checks):
         pad = max_predictions - masked
+    main_values, pseudo_values = _replacements(
+        originals, seed=seeds[3], spec=spec, pseudo_id=pseudo_id, replace_main=replace_main
+    )
+    main = tf.tensor_scatter_nd_update(main, positions[:, None], main_values)
     return {
-        "input_ids": tf.concat(
-            [main, appended(tf.fill([masked], tf.cast(pseudo_id, main.dtype)), originals)], 0
-        ),
+        "input_ids": tf.concat([main, appended(pseudo_values, originals)], 0),
         "position_ids": tf.concat([tf.range(main_length), appended(positions, positions)], 0),
         "pmlm_step": tf.concat([zeros, appended(step + 1, step + 1)], 0),
         "pmlm_pseudo": tf.concat([zeros, appended(ones, 0 * ones)], 0),
@@ -157,6 +197,11 @@ def pmlm(
     sep_id: int,
     mask_id: int,
     pseudo_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int],
+    mask_fraction: float = 0.8,
+    random_fraction: float = 0.1,
+    replace_main: bool = False,
 ) -> tf.data.Dataset:
     """PMLM rows from the concatenated stream of `targets` documents.
 
@@ -164,10 +209,13 @@ def pmlm(
     sets the row: chunks of `chunk_length(L, P)` tokens, so that [CLS] chunk [SEP] and the 2 x P
     appended slots fit L. Output features (unpadded rows of n + 2 + 2m tokens for m masked):
     input_ids, position_ids, pmlm_step, pmlm_pseudo; masked_positions / masked_ids /
-    masked_weights and pseudo_positions, padded to P.
+    masked_weights and pseudo_positions, padded to P. A masked token's [P] is kept or replaced by
+    a random id (drawn from the ids outside `special_ids`, [M] and [P]) by `mask_fraction` and
+    `random_fraction` (BERT's 0.8 and 0.1); its main-sequence token too with `replace_main`
+    (see the module docstring).
 
-    Example (chunk [a b c d e f], blocks {b} and {d e}, factorization order {d e} then {b};
-    M = mask_id, Q = pseudo_id):
+    Example (chunk [a b c d e f], blocks {b} and {d e}, factorization order {d e} then {b},
+    every draw below 0.8; M = mask_id, Q = pseudo_id):
       -> {"input_ids":    [CLS a M c M M f SEP  Q Q d e  Q b],
           "position_ids": [0   1 2 3 4 5 6 7    4 5 4 5  2 2],
           "pmlm_step":    [0   0 0 0 0 0 0 0    1 1 1 1  2 2],
@@ -188,6 +236,14 @@ def pmlm(
             f"{max_masked(max(n, 1))} masked tokens, more than masked_ids = {predictions}; "
             f"use masked_ids = {default_predictions(length)}"
         )
+    spec = mlm.MlmSpec(
+        mask_id=mask_id,
+        vocab_size=vocab_size,
+        special_ids=(*special_ids, pseudo_id),
+        max_predictions=predictions,
+        mask_fraction=mask_fraction,
+        random_fraction=random_fraction,
+    )
     batches = lm.chunk_stream_batches(dataset, chunk_length=n, min_chunk_length=1)
 
     @seqio.map_over_dataset(num_seeds=1)
@@ -197,9 +253,9 @@ def pmlm(
             seed=seed,
             cls_id=cls_id,
             sep_id=sep_id,
-            mask_id=mask_id,
             pseudo_id=pseudo_id,
-            max_predictions=predictions,
+            spec=spec,
+            replace_main=replace_main,
         )
 
     return make(batches.unbatch())
