@@ -330,7 +330,11 @@ def sentence_distance_pairs(
     probs: tuple[float, float, float] = DISTANCE_PROBS,
     buffer_size: int = 1000,
 ) -> tf.data.Dataset:
-    """Documents -> sentence-distance pairs (see the module doc), fixed per `seed`.
+    """Documents -> sentence-distance pairs (see the module doc).
+
+    One pass over a finite `dataset` gives the same pairs for the same `seed`; each document's
+    draws are seeded by its running index, so a repeated stream (training: SeqIO repeats
+    before every lmsuite preprocessor) draws new pairs on each pass.
 
     Example (cls 2, sep 3): a document [[10], [11], [12], [13]]: A = [10] (i = 0) may pair
     with [11] (label 0), [12] or [13] (label 1) or another document's sentence (label 2);

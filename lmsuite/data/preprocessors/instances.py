@@ -33,7 +33,12 @@ specials). Variants, each restated from the paper's released code:
 Input: one example per document; `sentence_ids` ragged int [S, None] and optionally
 `sentence_word_starts` [S, None] ("bert", "electra", "full_sentences"; empty sentences are
 dropped), or `targets` / `word_starts` ("stride"). The random variants are seeded by `seed` and
-the document's index, so the rows are the same every epoch (the papers' offline data).
+the document's running index in the stream they are given, so one pass over a corpus gives
+the same rows for the same `seed`. In training the stream is endless: no lmsuite task has a
+SeqIO cache step, so SeqIO repeats before every preprocessor, the index keeps counting, and
+each pass draws new rows (as every `sentence_pairs` objective does: 50% of
+`wiki_sample_albert_sop`'s labels agree between two passes). The papers' offline data
+instead fixes `dupe_factor` sets of rows.
 """
 
 from __future__ import annotations
