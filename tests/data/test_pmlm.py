@@ -1,5 +1,6 @@
 """UniLMv2 PMLM data: the row layout, masking statistics against the paper's Algorithm 1, and
-BERT's 80/10/10 deciding each masked token's [M] and [P] together (UniLMv2's released code)."""
+BERT's 80/10/10 on each masked token's [P] (UniLMv2's released code), on its [M] too with
+`replace_main`."""
 
 import itertools
 import math

@@ -36,9 +36,10 @@ dropped), or `targets` / `word_starts` ("stride"). The random variants are seede
 the document's running index in the stream they are given, so one pass over a corpus gives
 the same rows for the same `seed`. In training the stream is endless: no lmsuite task has a
 SeqIO cache step, so SeqIO repeats before every preprocessor, the index keeps counting, and
-each pass draws new rows (as every `sentence_pairs` objective does: 50% of
-`wiki_sample_albert_sop`'s labels agree between two passes). The papers' offline data
-instead fixes `dupe_factor` sets of rows.
+each pass draws new rows (`wiki_sample_bert_mlm`, unshuffled: 63% of its 4,780 row lengths
+agree position by position between the first pass and the second, where a fixed pass would
+give 100%; `sentence_pairs` behaves alike). The papers' offline data instead fixes
+`dupe_factor` sets of rows.
 """
 
 from __future__ import annotations

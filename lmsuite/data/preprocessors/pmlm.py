@@ -102,28 +102,22 @@ def _sample_blocks(*, budget, n, seed):
 
 
 def _replacements(originals, *, seed, spec: mlm.MlmSpec, pseudo_id: int, replace_main: bool):
-    """The main-sequence and [P] values of the masked tokens `originals` (in any order): one
-    draw each, [P] below `spec.mask_fraction`, then a random ordinary piece below
-    `mask_fraction + random_fraction`, else the original; the main sequence shows [M], or with
-    `replace_main` what the same draw gave (the random piece being the same one).
+    """The main-sequence and [P] values of the masked tokens `originals` (in any order): BERT's
+    replacement (`mlm.apply_replacements`, one draw each) gives [P] where it gives [M], else the
+    random piece or the original; the main sequence shows [M], or with `replace_main` what the
+    same draw gave (the same random piece).
 
     Example (mask_fraction 0.8, random_fraction 0.1): originals [17, 18, 19], draws 0.3, 0.85,
     0.95, random piece 40 -> pseudo [P, 40, 19]; main [M, M, M], with replace_main
     [M, 40, 19].
     """
-    decision_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    draws = tf.random.stateless_uniform(tf.shape(originals), decision_seed)
-    pool = tf.constant(spec.replacement_ids)
-    random_ids = tf.gather(
-        pool,
-        tf.random.stateless_uniform(tf.shape(originals), random_seed, 0, pool.shape[0], tf.int32),
+    corrupted = mlm.apply_replacements(
+        originals, tf.ones_like(originals, tf.bool), seed=seed, spec=spec
     )
-    to_mask = draws < spec.mask_fraction
-    to_random = ~to_mask & (draws < spec.mask_fraction + spec.random_fraction)
-    shown = tf.where(to_random, tf.cast(random_ids, originals.dtype), originals)
+    masked = corrupted == spec.mask_id  # an original or a random piece is never [M]
+    pseudo = tf.where(masked, tf.cast(pseudo_id, originals.dtype), corrupted)
     mask = tf.fill(tf.shape(originals), tf.cast(spec.mask_id, originals.dtype))
-    main = tf.where(to_mask, mask, shown) if replace_main else mask
-    return main, tf.where(to_mask, tf.cast(pseudo_id, originals.dtype), shown)
+    return (corrupted if replace_main else mask), pseudo
 
 
 def pmlm_example(
