@@ -1,6 +1,8 @@
 """`lmsuite eval --model_dir=D [--task=T] [--split=validation] [--step=N] [--batch_size=B]
 [--max_batches=K] [--sequence_length=input_ids:64,masked_ids:10]`: held-out metrics of a
-checkpoint (`lmsuite.evaluation.evaluate`), printed and written under D/eval/.
+checkpoint (`lmsuite.evaluation.evaluate`), printed and written under D/eval/. A run's mixture
+or one of its tasks; each classification head's accuracy is printed against always its most
+frequent held-out label, with the binomial p.
 
 A run without a committed checkpoint, a step that is not committed, an unknown task or split are
 configuration errors (exit code 2), each message naming what exists.
@@ -49,6 +51,7 @@ def add_parser(commands) -> None:
 def run_eval(args):
     from lmsuite.cli.config import import_task_modules
     from lmsuite.evaluation import evaluate
+    from lmsuite.training import report
 
     problems = import_task_modules(args.task_module)
     for flag, least in (("step", 0), ("batch_size", 1), ("max_batches", 1)):
@@ -75,6 +78,15 @@ def run_eval(args):
           f"({result.num_examples} examples, {result.path})")  # fmt: skip
     for key, value in result.metrics.items():
         print(f"  {key}: {value:.6g}")
+    for label, count in result.labels.items():
+        accuracy = result.metrics.get(f"eval/{count.metric}")
+        if accuracy is not None and 0.0 < count.majority < 1.0:
+            unit = "tokens" if count.per_token else "rows"
+            line = report.label_line(
+                count.metric, label, accuracy, rows=count.labelled, majority=count.majority,
+                unit=unit,
+            )  # fmt: skip
+            print(f"  {line}")
     print(f"  json:         {result.json_path}")
     print(f"  tensorboard:  tensorboard --logdir {result.tensorboard_dir}")
     return result

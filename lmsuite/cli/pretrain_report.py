@@ -122,13 +122,9 @@ def label_lines(objective, held: dict, held_out) -> list[str]:
         majority, rows = report.label_majority(held_out.as_numpy_iterator(), label=label)
         if not rows or not 0.0 < majority < 1.0:
             continue
-        right = round(held[key] * rows)
-        p_value = report.binomial_upper_tail(right, rows, majority)
-        name = metric.removesuffix("_accuracy").replace("_", " ")
         unit = "tokens" if dict(objective.label_heads).get(label) else "rows"
         lines.append(
-            f"held-out {name} accuracy: {held[key]:.4f} over {rows:,} {unit} (always the most "
-            f"frequent {label}: {majority:.4f}; binomial p = {p_value:.2g})"
+            report.label_line(metric, label, held[key], rows=rows, majority=majority, unit=unit)
         )
     if "eval/rtd_accuracy" in held and "eval/replaced_fraction" in held:
         lines.append(_rtd_line(held, held_out))

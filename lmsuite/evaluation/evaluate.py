@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
+from lmsuite.data import mixtures
 from lmsuite.evaluation import run_config
 from lmsuite.evaluation.load import committed_steps, load_run
 from lmsuite.models import ModelConfig, Transformer, families, memory_shapes
@@ -63,6 +64,16 @@ class EvalRequest:
     max_batches: int | None
 
 
+class LabelCount(NamedTuple):
+    """A classification head's held-out labels: its accuracy metric, the labelled entries (rows,
+    or tokens for a per-token head) and the share of the most frequent label among them."""
+
+    metric: str
+    labelled: int
+    majority: float
+    per_token: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
     metrics: dict[str, float]
@@ -73,6 +84,8 @@ class EvalResult:
     path: str  # "seqio.Evaluator" or "eval_step"
     json_path: str
     tensorboard_dir: str
+    # label feature -> its head's held-out labels (the eval_step path; NSP, SOP, ERNIE 2.0, ...)
+    labels: Mapping[str, LabelCount] = dataclasses.field(default_factory=dict)
 
 
 def resolve(
@@ -103,11 +116,17 @@ def resolve(
         raise ValueError(f"{model_dir}/{run_config.RUN_FILE} names no recipe")
     recipe = recipes.get(run.recipe)
     task = task or run.task
-    known = seqio.TaskRegistry.names()
+    known = [*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()]
     if task not in known:
         raise ValueError(
             f"unknown task {task!r}{nearest(task, known)} (import the module that registers it;"
             " `lmsuite tasks list` lists the registered ones)"
+        )
+    if mixtures.is_mixture(task) and uses_evaluator(recipe):
+        raise ValueError(
+            f"{task!r} is a mixture of {list(mixtures.task_names(task))}; recipe "
+            f"{recipe.name!r} is scored by seqio.Evaluator one task at a time: pass one of them "
+            "as the task"
         )
     splits = list(seqio.get_mixture_or_task(task).splits)
     if split not in splits:
@@ -141,12 +160,16 @@ def evaluate(*, write: bool = True, **request) -> EvalResult:
 
 def evaluate_request(req: EvalRequest, *, write: bool = True) -> EvalResult:
     """`evaluate` of a request `resolve` already checked."""
-    built = recipes.build(recipes.make_recipe(name=req.recipe.name), model_config=req.model_config)
+    tasks = mixtures.task_names(req.task) if mixtures.is_mixture(req.task) else ()
+    built = recipes.build(
+        recipes.make_recipe(name=req.recipe.name), model_config=req.model_config, tasks=tasks
+    )
+    labels = {}
     if uses_evaluator(req.recipe):
         metrics, count = _with_evaluator(req, built)
         path = "seqio.Evaluator"
     else:
-        metrics, count = _with_eval_step(req, built)
+        metrics, count, labels = _with_eval_step(req, built)
         path = "eval_step"
     out_dir = os.path.join(req.model_dir, EVAL_DIR)
     json_path = os.path.join(out_dir, f"{req.task}_{req.split}_step{req.step}.json")
@@ -160,6 +183,7 @@ def evaluate_request(req: EvalRequest, *, write: bool = True) -> EvalResult:
         path=path,
         json_path=json_path,
         tensorboard_dir=tensorboard_dir,
+        labels=labels,
     )
     if write:
         _write(result)
@@ -321,7 +345,16 @@ class _Params(NamedTuple):
     params: Any  # what `step.eval_step` reads of a TrainState
 
 
-def _with_eval_step(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, float], int]:
+def _with_eval_step(
+    req: EvalRequest, built: recipes.Built
+) -> tuple[dict[str, float], int, dict[str, LabelCount]]:
+    """(metrics, examples, label feature -> its `LabelCount`).
+
+    A multi-task row's examples carry every label head's feature, -1 where their task has no
+    such label (`label_fill`, as in training): a head's loss and accuracy are averaged over its
+    labelled entries, and a head no example labels is left out, so one task of an ERNIE 2.0 run
+    reports its own head only. A mixture reports per-task metrics, as its run does."""
+    label_heads = dict(built.objective.label_heads)
     data = input_pipeline.eval_dataset(
         task=req.task,
         sequence_length=req.sequence_length,
@@ -330,6 +363,8 @@ def _with_eval_step(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, f
         split=req.split,
         batches=-1 if req.max_batches is None else req.max_batches,  # -1: tf.data's "all"
         rows_task=req.recipe.rows_task,
+        task_ids_along=built.task_ids_along,
+        label_fill=label_heads or None,
     )
     model = Transformer(req.model_config)
     objective = built.objective
@@ -349,6 +384,12 @@ def _with_eval_step(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, f
     per_batch: dict[str, float] = {}
     loss_sum = correct_sum = tokens = 0.0
     batches = 0
+    heads = {f"{name}_{m}": name for name in label_heads for m in ("loss", "accuracy")}
+    head_sums = dict.fromkeys(heads, 0.0)
+    tallies = {
+        label: _LabelTally(metric, label, label_heads.get(label, False))
+        for metric, label in objective.label_metrics
+    }
     for batch in data.as_numpy_iterator():
         metrics, carry = run(req.params, batch, carry)
         metrics = jax.device_get(metrics)
@@ -357,8 +398,12 @@ def _with_eval_step(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, f
         correct_sum += float(metrics[accuracy]) * n
         tokens += n
         batches += 1
+        entries = {label: tally.add(batch) for label, tally in tallies.items()}
         for k, v in metrics.items():
-            per_batch[k] = per_batch.get(k, 0.0) + float(v)
+            if k in heads:  # a mean over the batch's labelled entries (labels.py)
+                head_sums[k] += float(v) * entries[heads[k]]
+            else:
+                per_batch[k] = per_batch.get(k, 0.0) + float(v)
     if not tokens:
         raise ValueError(
             f"task {req.task!r} split {req.split!r} gave no batch of {req.batch_size} examples "
@@ -367,7 +412,41 @@ def _with_eval_step(req: EvalRequest, built: recipes.Built) -> tuple[dict[str, f
     loss = loss_sum / tokens
     out = {"loss": loss, "token_accuracy": correct_sum / tokens, "perplexity": math.exp(loss)}
     out |= {f"eval/{k}": v / batches for k, v in per_batch.items()}  # as the run logs them
-    return out, batches * req.batch_size
+    out |= {
+        f"eval/{k}": v / tallies[heads[k]].labelled
+        for k, v in head_sums.items()
+        if tallies[heads[k]].labelled
+    }
+    labels = {label: t.count() for label, t in tallies.items() if t.labelled}
+    return out, batches * req.batch_size, labels
+
+
+class _LabelTally:
+    """Counts one label feature's labelled entries and classes over the batches (-1: none; a
+    per-token label counts the real tokens only, as the head's loss does)."""
+
+    def __init__(self, metric: str, label: str, per_token: bool):
+        self.metric, self.label, self.per_token = metric, label, per_token
+        self.classes = np.zeros(0, np.int64)
+
+    @property
+    def labelled(self) -> int:
+        return int(self.classes.sum())
+
+    def add(self, batch) -> int:
+        values = np.asarray(batch[self.label]).reshape(len(batch["input_mask"]), -1)
+        present = values >= 0
+        if self.per_token:
+            present &= np.asarray(batch["input_mask"]) > 0
+        found = np.bincount(values[present])
+        size = max(len(found), len(self.classes))
+        self.classes = np.pad(self.classes, (0, size - len(self.classes)))
+        self.classes += np.pad(found, (0, size - len(found)))
+        return int(present.sum())
+
+    def count(self) -> LabelCount:
+        share = float(self.classes.max() / self.labelled)
+        return LabelCount(self.metric, self.labelled, share, self.per_token)
 
 
 # -------------------------------------------------------------------------------- write
@@ -386,6 +465,7 @@ def _write(result: EvalResult) -> None:
         "num_examples": result.num_examples,
         "path": result.path,
         "metrics": result.metrics,
+        "labels": {label: count._asdict() for label, count in result.labels.items()},
     }
     with open(result.json_path, "w") as f:
         f.write(json.dumps(record, indent=1) + "\n")

@@ -311,6 +311,25 @@ def binomial_upper_tail(successes: int, trials: int, p: float) -> float:
     return float(min(1.0, math.exp(peak) * sum(math.exp(t - peak) for t in terms)))
 
 
+def label_line(
+    metric: str, label: str, accuracy: float, *, rows: int, majority: float, unit: str
+) -> str:
+    """The held-out line of classification head `metric` (labels `label`): its accuracy against
+    always the most frequent label over `rows` labelled entries (`unit`), with the binomial
+    chance of doing that well (what `lmsuite pretrain` and `lmsuite eval` print).
+
+    Example: ("sentence_accuracy", "y", 0.9, rows=10, majority=0.5, unit="rows") -> "held-out
+    sentence accuracy: 0.9000 over 10 rows (always the most frequent y: 0.5000; binomial
+    p = 0.011)".
+    """
+    p_value = binomial_upper_tail(min(rows, round(accuracy * rows)), rows, majority)
+    name = metric.removesuffix("_accuracy").replace("_", " ")
+    return (
+        f"held-out {name} accuracy: {accuracy:.4f} over {rows:,} {unit} (always the most "
+        f"frequent {label}: {majority:.4f}; binomial p = {p_value:.2g})"
+    )
+
+
 STAGE_KEY = "data/stage"  # metrics.jsonl: the 1-based stage that begins after the record's step
 
 

@@ -156,6 +156,79 @@ def test_bad_inputs_are_named_with_exit_code_2(mlm_run, capsys, tmp_path):
     assert not os.path.exists(empty / "eval")
 
 
+@pytest.fixture(scope="module")
+def ernie2_run(tmp_path_factory):
+    """ERNIE 2.0's multi-task row on its four-task mixture, two steps."""
+    model_dir = tmp_path_factory.mktemp("eval") / "ernie2"
+    argv = train_argv(
+        recipes.RECIPES["ernie2"],
+        "ernie2_tiny",
+        model_dir,
+        "--gin.TASK='wiki_sample_ernie2_mixture'",
+        f"--gin.train.eval_batches={EVAL_BATCHES}",
+    )
+    assert cli.main(argv) == 0
+    return str(model_dir)
+
+
+def test_eval_of_a_mixture_run_equals_its_own_held_out_figures(ernie2_run, capsys):
+    """The run's mixture by default (a mixture was once an 'unknown task'), per-task metrics."""
+    assert cli.main(["eval", f"--model_dir={ernie2_run}", f"--batch_size={BATCH}",
+                     f"--max_batches={EVAL_BATCHES}"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "wiki_sample_ernie2_mixture validation at step 2" in out
+    with open(f"{ernie2_run}/eval/wiki_sample_ernie2_mixture_validation_step2.json") as f:
+        found = json.load(f)["metrics"]
+    held_out = [r for r in metrics.read_jsonl(f"{ernie2_run}/metrics.jsonl") if "eval/loss" in r]
+    keys = ["eval/loss", "eval/mlm_loss", "eval/mlm_accuracy/wiki_sample_ernie2_token_document"]
+    for key in keys:
+        assert found[key] == pytest.approx(held_out[-1][key], rel=1e-6), key
+
+
+def test_eval_of_one_task_of_a_multi_task_run_scores_its_own_head(ernie2_run, capsys):
+    """One task of the mixture: its examples get the other heads' labels as -1 (they once raised
+    a KeyError); only its own head is reported, its accuracy and majority equal a direct count
+    over the same batches, and the binomial line is printed."""
+    from lmsuite.evaluation.load import load_run
+    from lmsuite.models import Transformer
+
+    task, label = "wiki_sample_ernie2_sentence_distance", "sentence_distance_label"
+    argv = ["eval", f"--model_dir={ernie2_run}", f"--task={task}", f"--batch_size={BATCH}"]
+    assert cli.main([*argv, "--max_batches=3"]) == 0
+    out = capsys.readouterr().out
+    with open(f"{ernie2_run}/eval/{task}_validation_step2.json") as f:
+        record = json.load(f)
+    heads = {k for k in record["metrics"] if k.startswith("eval/") and k.endswith("_accuracy")}
+    heads -= {"eval/mlm_accuracy"}
+    assert heads == {f"eval/{label}_accuracy"}
+    assert list(record["labels"]) == [label]
+
+    loaded = load_run(ernie2_run, None)
+    built = recipes.build(recipes.make_recipe(name="ernie2"), model_config=loaded.config)
+    data = input_pipeline.eval_dataset(
+        task=task,
+        sequence_length=recipes.RECIPES["ernie2"].lengths_for(64),
+        feature_converter=built.feature_converter,
+        global_batch_size=BATCH,
+        batches=3,
+        label_fill=dict(built.objective.label_heads),
+    )
+    right, labels = 0, []
+    for batch in data.as_numpy_iterator():
+        outputs = Transformer(loaded.config).apply(
+            {"params": loaded.params}, **built.objective.model_inputs(batch), deterministic=True
+        )
+        right += int((np.asarray(outputs[f"{label}_logits"]).argmax(-1) == batch[label]).sum())
+        labels += batch[label].tolist()
+    assert len(labels) == 3 * BATCH and min(labels) >= 0
+    counted = record["labels"][label]
+    assert counted["labelled"] == len(labels) and not counted["per_token"]
+    assert counted["majority"] == pytest.approx(np.bincount(labels).max() / len(labels))
+    accuracy = record["metrics"][f"eval/{label}_accuracy"]
+    assert accuracy == pytest.approx(right / len(labels), abs=1e-6)
+    assert f"held-out sentence distance label accuracy: {accuracy:.4f} over 24 rows" in out
+
+
 def test_sequence_length_flag_parses_pairs_and_json_and_names_a_bad_value():
     from lmsuite.cli import eval as eval_command
 
@@ -194,6 +267,8 @@ def test_seq2seq_through_the_evaluator_equals_a_direct_computation(tmp_path):
     )
     assert result.path == "seqio.Evaluator" and result.num_examples == 8
     assert result.metrics["n_scored"] == 8.0
+    with pytest.raises(ValueError, match="is a mixture of .*one task at a time"):
+        evaluate.resolve(model_dir=str(model_dir), task="wiki_sample_seq2seq_mixture")
 
     model = lmsuite.load(str(model_dir))
     examples = seqio.get_dataset(
