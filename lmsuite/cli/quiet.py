@@ -4,7 +4,7 @@ chatter silenced, everything else left as it was (`lmsuite ... --verbose` keeps 
 What a run printed before its first line of its own, and where each line is silenced:
 
   WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
-  I0000 ... port.cc:153] oneDNN custom operations are on. ...
+  I0000 ... port.cc:153] oneDNN custom operations are on. ...  (CPUs with AVX-512 VNNI/BF16, AMX)
   I0000 ... cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.
   I0000 ... cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use ...
       TensorFlow's shared libraries log these while they load, twice per import (two of them
