@@ -112,10 +112,17 @@ def test_scanned_init_has_the_scanned_tree_with_a_layers_axis(name):
 
 
 @pytest.mark.parametrize(
-    "name, scan",
-    [("bert", False), ("bert", True), pytest.param("t5", True, marks=pytest.mark.slow)],
+    "remat, name, scan",
+    [
+        # the fast suite: each policy once, one scanned and one unscanned; test-all: all of them
+        ("dots", "bert", True),
+        ("full", "bert", False),
+        pytest.param("dots", "bert", False, marks=pytest.mark.slow),
+        pytest.param("full", "bert", True, marks=pytest.mark.slow),
+        pytest.param("dots", "t5", True, marks=pytest.mark.slow),
+        pytest.param("full", "t5", True, marks=pytest.mark.slow),
+    ],
 )
-@pytest.mark.parametrize("remat", ["dots", "full"])
 def test_remat_gives_the_same_loss_and_gradients_with_dropout(name, scan, remat):
     config = _config(name, scan_layers=scan)
     inputs = _inputs(config)

@@ -178,6 +178,7 @@ TRAINED_BY_TEST = {
         "tests/training/test_study_cli.py",
         "test_a_killed_study_resumes_without_redoing_finished_runs",
     ),
+    "ernie2": ("tests/evaluation/test_evaluate.py", "ernie2_run"),  # on its four-task mixture
     "causal_lm": (
         "tests/evaluation/test_load.py",
         "test_a_scanned_run_loads_unscanned_and_decodes",
