@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import ernie, mlm
+from tests.data.ragged import ragged
 
 CLS, SEP, MASK = 2, 3, 4
 SPECIALS = (0, 1, 2, 3, 4, 5, 6)
@@ -30,22 +31,11 @@ def sentences(num, *, seed):
     return out
 
 
-def _ragged(rows, dtype):
-    """Nested lists as a ragged tensor, built from its flat values and row lengths
-    (`tf.ragged.constant` walks every element in Python: most of this file's time once)."""
-    if rows and isinstance(rows[0][0], list):  # rows of words of token ids
-        words = [word for row in rows for word in row]
-        inner = _ragged(words, dtype)
-        return tf.RaggedTensor.from_row_lengths(inner, [len(row) for row in rows])
-    flat = np.array([x for row in rows for x in row], dtype=dtype)
-    return tf.RaggedTensor.from_row_lengths(flat, [len(row) for row in rows])
-
-
 def dataset(rows):
     features = {
-        "word_ids": _ragged([w for w, _, _ in rows], np.int32),
-        "word_tags": _ragged([t for _, t, _ in rows], object),
-        "phrase_starts": _ragged([p for _, _, p in rows], np.int32),
+        "word_ids": ragged([w for w, _, _ in rows], np.int32, ragged_rank=2),
+        "word_tags": ragged([t for _, t, _ in rows], object, ragged_rank=1),
+        "phrase_starts": ragged([p for _, _, p in rows], np.int32, ragged_rank=1),
     }
     return tf.data.Dataset.from_tensor_slices(features)
 

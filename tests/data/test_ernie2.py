@@ -12,6 +12,7 @@ from scipy import stats
 from lmsuite.data import corpora, feature_converters, tokenization
 from lmsuite.data import vocab as vocab_lib
 from lmsuite.data.preprocessors import ernie2, mlm
+from tests.data.ragged import ragged
 
 CLS, SEP, MASK = 2, 3, 4
 SPEC = mlm.MlmSpec(mask_id=MASK, vocab_size=1000, special_ids=(0, 1, 2, 3, 4), max_predictions=20)
@@ -27,8 +28,8 @@ def _documents(docs):
         starts.append([p[1] for p in pairs])
     return tf.data.Dataset.from_tensor_slices(
         {
-            "sentence_ids": tf.ragged.constant(ids, tf.int32, ragged_rank=2),
-            "sentence_word_starts": tf.ragged.constant(starts, tf.int32, ragged_rank=2),
+            "sentence_ids": ragged(ids, np.int32, ragged_rank=2),
+            "sentence_word_starts": ragged(starts, np.int32, ragged_rank=2),
         }
     )
 

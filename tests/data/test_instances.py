@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from lmsuite.data.preprocessors import instances
 from lmsuite.data.preprocessors import sentence_pairs as sp
+from tests.data.ragged import ragged
 
 CLS, SEP = 2, 3
 BASE = 100_000
@@ -36,12 +37,11 @@ def corpus(num_docs, *, seed, min_sents=1, max_sents=12, min_len=1, max_len=12):
 
 
 def dataset(docs, *, with_word_starts=True):
-    def ragged(values):
-        return tf.ragged.constant(values, dtype=tf.int32, ragged_rank=2, inner_shape=())
-
-    features = {sp.IDS_KEY: ragged(docs)}
+    features = {sp.IDS_KEY: ragged(docs, np.int32, ragged_rank=2)}
     if with_word_starts:
-        features[sp.WORD_STARTS_KEY] = ragged([[[t % 2 for t in s] for s in d] for d in docs])
+        features[sp.WORD_STARTS_KEY] = ragged(
+            [[[t % 2 for t in s] for s in d] for d in docs], np.int32, ragged_rank=2
+        )
     return tf.data.Dataset.from_tensor_slices(features)
 
 

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import sentence_pairs as sp
+from tests.data.ragged import ragged
 
 CLS, SEP = 2, 3
 BASE = 100_000
@@ -31,12 +32,11 @@ def corpus(num_docs, *, seed, min_sents=2, max_sents=12, max_len=8):
 
 
 def dataset(docs, *, with_word_starts=False):
-    def ragged(values):
-        return tf.ragged.constant(values, dtype=tf.int32, ragged_rank=2, inner_shape=())
-
-    features = {sp.IDS_KEY: ragged(docs)}
+    features = {sp.IDS_KEY: ragged(docs, np.int32, ragged_rank=2)}
     if with_word_starts:
-        features[sp.WORD_STARTS_KEY] = ragged([[[1 - t % 2 for t in r] for r in d] for d in docs])
+        features[sp.WORD_STARTS_KEY] = ragged(
+            [[[1 - t % 2 for t in r] for r in d] for d in docs], np.int32, ragged_rank=2
+        )
     return tf.data.Dataset.from_tensor_slices(features)
 
 

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from lmsuite.data.preprocessors import mlm, structbert
 from lmsuite.data.preprocessors import sentence_pairs as sp
+from tests.data.ragged import ragged
 
 CLS, SEP, MASK = 2, 3, 4
 SPECIALS = (0, 1, 2, 3, 4, 5, 6)
@@ -69,9 +70,9 @@ def test_sentence_structure_three_way_labels_are_balanced():
         [[BASE + d * 1000 + s * 20 + j for j in range(3)] for s in range(2)]
         for d in range(num_docs)
     ]
-    ragged = tf.ragged.constant(docs, dtype=tf.int32, ragged_rank=2, inner_shape=())
+    ids = ragged(docs, np.int32, ragged_rank=2)
     ds = structbert.structbert_sentence_pairs(
-        tf.data.Dataset.from_tensor_slices({sp.IDS_KEY: ragged}),
+        tf.data.Dataset.from_tensor_slices({sp.IDS_KEY: ids}),
         seed=3,
         max_seq_length=32,
         cls_id=CLS,
