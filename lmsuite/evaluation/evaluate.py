@@ -16,7 +16,8 @@ Two paths, chosen by what the task's examples are:
 
 Either way the metrics are `loss` (mean cross-entropy per target token), `token_accuracy`,
 `perplexity` (exp(loss)) and, for seq2seq, `sequence_accuracy`; the eval_step path adds the
-recipe's own metrics averaged per batch as `eval/<name>`, as training's evaluation logs them.
+recipe's own metrics as `eval/<name>`, as training's evaluation logs them (each over all the
+batches together: `step.held_out_metrics`).
 They go to TensorBoard under D/eval/<task>/ at the checkpoint's step and to
 D/eval/<task>_<split>_step<N>.json.
 
@@ -381,41 +382,35 @@ def _with_eval_step(
     if objective.carry is not None:
         shapes = memory_shapes(req.model_config, req.batch_size)
         carry = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    per_batch: dict[str, float] = {}
-    loss_sum = correct_sum = tokens = 0.0
-    batches = 0
     heads = {f"{name}_{m}": name for name in label_heads for m in ("loss", "accuracy")}
-    head_sums = dict.fromkeys(heads, 0.0)
     tallies = {
         label: _LabelTally(metric, label, label_heads.get(label, False))
         for metric, label in objective.label_metrics
     }
-    for batch in data.as_numpy_iterator():
-        metrics, carry = run(req.params, batch, carry)
-        metrics = jax.device_get(metrics)
-        n = float((np.asarray(batch[weights]) > 0).sum())
-        loss_sum += float(metrics[cross_entropy]) * n  # each is a mean over the batch's targets
-        correct_sum += float(metrics[accuracy]) * n
-        tokens += n
-        batches += 1
-        entries = {label: tally.add(batch) for label, tally in tallies.items()}
-        for k, v in metrics.items():
-            if k in heads:  # a mean over the batch's labelled entries (labels.py)
-                head_sums[k] += float(v) * entries[heads[k]]
-            else:
-                per_batch[k] = per_batch.get(k, 0.0) + float(v)
+    tokens = batches = 0
+
+    def parts():
+        nonlocal carry, tokens, batches
+        for batch in data.as_numpy_iterator():
+            batch_parts, carry = run(req.params, batch, carry)
+            tokens += int((np.asarray(batch[weights]) > 0).sum())
+            batches += 1
+            for tally in tallies.values():
+                tally.add(batch)
+            yield batch_parts
+
+    held_out = step.held_out_metrics(objective, parts())
     if not tokens:
         raise ValueError(
             f"task {req.task!r} split {req.split!r} gave no batch of {req.batch_size} examples "
             f"with {targets!r} to evaluate"
         )
-    loss = loss_sum / tokens
-    out = {"loss": loss, "token_accuracy": correct_sum / tokens, "perplexity": math.exp(loss)}
-    out |= {f"eval/{k}": v / batches for k, v in per_batch.items()}  # as the run logs them
+    loss = held_out[cross_entropy]  # per target token, as every metric: over all the batches
+    out = {"loss": loss, "token_accuracy": held_out[accuracy], "perplexity": math.exp(loss)}
     out |= {
-        f"eval/{k}": v / tallies[heads[k]].labelled
-        for k, v in head_sums.items()
-        if tallies[heads[k]].labelled
+        f"eval/{k}": v
+        for k, v in held_out.items()
+        if k not in heads or tallies[heads[k]].labelled  # a head no example labels: left out
     }
     labels = {label: t.count() for label, t in tallies.items() if t.labelled}
     return out, batches * req.batch_size, labels

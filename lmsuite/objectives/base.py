@@ -128,6 +128,18 @@ class Objective:
         With the denominators of the whole global batch, the values of microbatches add up to
         the values of the whole batch.
         """
+        return self.combine(self.metric_parts(outputs, batch, denominators))
+
+    def metric_parts(
+        self, outputs: Mapping[str, jax.Array], batch: Batch, denominators: Mapping[str, jax.Array]
+    ) -> "MetricParts":
+        """The sums behind `loss_and_metrics` and the denominator value of each.
+
+        Summed leaf by leaf over batches, they give the metrics of the batches taken together
+        (`combine`): what held-out evaluation reports, where a mean of per-batch means would
+        weigh a batch of few predictions like a full one and count a mixture's task that is
+        absent from a batch as 0.
+        """
         sums = self.terms(outputs, batch)
         missing = sorted(set(sums) - set(denominators))
         if missing:
@@ -135,30 +147,62 @@ class Objective:
                 f"objective {self.name!r}: terms {missing} have no denominator; the "
                 f"denominators are {sorted(denominators)}"
             )
-        safe = lambda key: jnp.maximum(denominators[key], 1e-8)
-        total = jnp.zeros((), jnp.float32)
-        metrics = {}
-        for term, term_sums in sums.items():
-            term_loss = term_sums.loss / safe(term)
-            total = total + self.term_weights.get(term, 1.0) * term_loss
-            metrics[f"{term}_loss"] = term_loss
-            count = self.accuracy_denominators.get(term, term)
-            metrics[f"{term}_accuracy"] = term_sums.correct / safe(count)
+        terms = {
+            term: (
+                term_sums.loss,
+                term_sums.correct,
+                denominators[term],
+                denominators[self.accuracy_denominators.get(term, term)],
+            )
+            for term, term_sums in sums.items()
+        }
+        reported = {f"{term}_{m}" for term in terms for m in ("loss", "accuracy")}
         extra = {} if self.metric_sums is None else self.metric_sums(outputs, batch)
+        metrics = {}
         for name, metric in extra.items():
-            if name in metrics or metric.denominator not in denominators:
+            if name in reported or metric.denominator not in denominators:
                 raise ValueError(
                     f"objective {self.name!r}: metric {name!r} clashes with a term's metric or "
                     f"names an unknown denominator {metric.denominator!r} (have "
                     f"{sorted(denominators)})"
                 )
-            metrics[name] = metric.value / safe(metric.denominator)
-        if set(metrics) != set(self.metrics):
+            metrics[name] = (metric.value, denominators[metric.denominator])
+        if reported | set(metrics) != set(self.metrics):
             raise ValueError(
                 f"objective {self.name!r} declares metrics {list(self.metrics)} but reports "
-                f"{list(metrics)}"
+                f"{[*reported, *metrics]}"
             )
+        return MetricParts(terms=terms, metrics=metrics)
+
+    def combine(self, parts: "MetricParts", *, xp: Any = jnp) -> tuple[Any, dict[str, Any]]:
+        """(total loss, metrics) of `metric_parts`, one batch's or several batches' summed: each
+        metric is its sum over its denominator (at least 1e-8: an empty one gives 0), the loss
+        the `term_weights`-weighted sum of the terms' losses. `xp=numpy` divides host sums in
+        float64 (jax.numpy: float32, traceable)."""
+        safe = lambda denominator: xp.maximum(denominator, 1e-8)
+        total = xp.zeros(())
+        metrics = {}
+        for term, (loss, correct, loss_denominator, accuracy_denominator) in parts.terms.items():
+            term_loss = loss / safe(loss_denominator)
+            total = total + self.term_weights.get(term, 1.0) * term_loss
+            metrics[f"{term}_loss"] = term_loss
+            metrics[f"{term}_accuracy"] = correct / safe(accuracy_denominator)
+        for name, (value, denominator) in parts.metrics.items():
+            metrics[name] = value / safe(denominator)
         return total, metrics
+
+
+class MetricParts(NamedTuple):
+    """One batch's sums behind an objective's loss and metrics, each with its denominator's
+    value (`Objective.metric_parts`); a pytree, so batches' parts add leaf by leaf.
+
+    Attributes:
+      terms: term -> (loss sum, correct sum, the loss's denominator, the accuracy's).
+      metrics: metric sum name -> (sum, denominator).
+    """
+
+    terms: dict[str, tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
+    metrics: dict[str, tuple[jax.Array, jax.Array]]
 
 
 def token_cross_entropy(logits, targets, weights) -> TermSums:

@@ -340,23 +340,23 @@ def _restore(ckpt: checkpointing.Checkpointer, state, state_shardings):
 
 
 def _evaluator(data, built, eval_step, batch_sharding, carry_shapes, state_shardings):
-    """evaluate(state) -> the mean of each metric over the held-out batches, as "eval/NAME"."""
+    """evaluate(state) -> each metric over all the held-out batches together, as "eval/NAME"
+    (`step.held_out_metrics`)."""
     initial_carry = jax.jit(
         lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry_shapes),
         out_shardings=state_shardings.carry,
     )
 
     def evaluate(state) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        count = 0
-        carry = initial_carry()  # held-out rows carry their own memory, from zeros
-        for local in data.eval_dataset(built).as_numpy_iterator():
-            batch = input_pipeline.to_global(local, batch_sharding)
-            metrics, carry = eval_step(state, batch, carry)
-            for k, v in jax.device_get(metrics).items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-            count += 1
-        return {f"eval/{k}": v / max(count, 1) for k, v in totals.items()}
+        def parts():
+            carry = initial_carry()  # held-out rows carry their own memory, from zeros
+            for local in data.eval_dataset(built).as_numpy_iterator():
+                batch = input_pipeline.to_global(local, batch_sharding)
+                batch_parts, carry = eval_step(state, batch, carry)
+                yield batch_parts
+
+        held_out = step.held_out_metrics(built.objective, parts())
+        return {f"eval/{k}": v for k, v in held_out.items()}
 
     return evaluate
 

@@ -7,17 +7,19 @@ batch's gradient, not an average of microbatch averages.
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lmsuite import partitioning
 from lmsuite.objectives import Objective
+from lmsuite.objectives.base import MetricParts
 from lmsuite.training.train_state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -256,8 +258,9 @@ def eval_step(
     *,
     apply_fn: Callable[..., dict[str, jax.Array]],
     objective: Objective,
-) -> tuple[dict[str, jax.Array], Any]:
-    """(loss and term metrics of one batch without dropout, the next carry).
+) -> tuple[MetricParts, Any]:
+    """(the objective's metric parts of one batch without dropout, the next carry); the
+    batches' parts give their loss and metrics taken together (`held_out_metrics`).
 
     Evaluation carries its own state from batch to batch (`initial_carry` of the run's shapes),
     never the training one: held-out rows continue held-out text.
@@ -268,8 +271,27 @@ def eval_step(
         deterministic=True,
         rngs={"sample": jax.random.PRNGKey(_EVAL_SAMPLE_SEED)},
     )
-    loss, metrics = objective.loss_and_metrics(outputs, batch, objective.denominators(batch))
-    return dict(metrics) | {"loss": loss}, _new_carry(objective, outputs)
+    parts = objective.metric_parts(outputs, batch, objective.denominators(batch))
+    return parts, _new_carry(objective, outputs)
+
+
+def held_out_metrics(objective: Objective, parts: Iterable[MetricParts]) -> dict[str, float]:
+    """`loss` and the objective's metrics over all the batches of `parts` (`eval_step`'s, one
+    per batch): every sum and denominator is added up first, so a metric weighs each
+    prediction once, however the batches divide them; {} for no batches.
+
+    Example (MLM, two batches): 40 nats over 10 predictions, then 1 nat over 1 prediction
+    -> mlm_loss 41 / 11 = 3.73 (the mean of the batches' means, 4.0 and 1.0, would be 2.5).
+    """
+    total = None
+    for batch_parts in parts:
+        host = jax.tree.map(np.float64, jax.device_get(batch_parts))
+        total = host if total is None else jax.tree.map(np.add, total, host)
+    if total is None:
+        return {}
+    loss, metrics = objective.combine(total, xp=np)
+    # in the objective's order (the tree's sums come back with their keys sorted)
+    return {name: float(metrics[name]) for name in objective.metrics} | {"loss": float(loss)}
 
 
 def jit_eval_step(
@@ -280,9 +302,9 @@ def jit_eval_step(
     batch_sharding: dict[str, NamedSharding],
     mesh: Mesh,
     rules: partitioning.Rules = partitioning.DEFAULT_RULES,
-) -> Callable[[TrainState, Batch, Any], tuple[dict[str, jax.Array], Any]]:
+) -> Callable[[TrainState, Batch, Any], tuple[MetricParts, Any]]:
     """`eval_step` jitted with explicit shardings (nothing donated); the carry is sharded as the
-    state's."""
+    state's, the metric parts replicated."""
     jitted = jax.jit(
         functools.partial(eval_step, apply_fn=apply_fn, objective=objective),
         in_shardings=(state_shardings, batch_sharding, state_shardings.carry),

@@ -70,6 +70,31 @@ def test_mlm_with_sentence_term_and_microbatch_additivity():
     np.testing.assert_allclose(sum(halves), loss, rtol=1e-6)
 
 
+def test_held_out_metrics_pool_the_batches_sums():
+    """Evaluation over uneven batches (1 row, then 3) reports what the objective computes on
+    all 4 rows at once, where the mean of the batches' means does not."""
+    from lmsuite.training import step
+
+    objective = objectives.mlm(sentence_label="next_sentence_label")
+    batch, outputs = _mlm_nsp_case(4)
+    batch["masked_weights"][0] = [1.0, 0.0, 0.0]  # 1 prediction, against the others' ~6
+    whole_loss, whole = objective.loss_and_metrics(outputs, batch, objective.denominators(batch))
+    pieces = [
+        (jax.tree.map(lambda x, s=s: x[s], outputs), {k: v[s] for k, v in batch.items()})
+        for s in (slice(0, 1), slice(1, 4))
+    ]
+    parts = [objective.metric_parts(o, b, objective.denominators(b)) for o, b in pieces]
+    pooled = step.held_out_metrics(objective, iter(parts))
+    assert set(pooled) == {*objective.metrics, "loss"}
+    for name, value in whole.items():
+        np.testing.assert_allclose(pooled[name], value, rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(pooled["loss"], whole_loss, rtol=1e-6)
+    means = [objective.loss_and_metrics(o, b, objective.denominators(b))[1] for o, b in pieces]
+    mean_of_means = (means[0]["mlm_loss"] + means[1]["mlm_loss"]) / 2
+    assert abs(float(mean_of_means) - pooled["mlm_loss"]) > 0.05
+    assert step.held_out_metrics(objective, iter([])) == {}
+
+
 def test_causal_lm_reads_seqio_lm_features_and_names_missing_ones():
     objective = objectives.causal_lm()
     batch = {
