@@ -29,6 +29,14 @@ def families_by_class() -> dict[str, Family]:
 
 def refuse_without_hf_class(config: ModelConfig):
     """Raises for a config that no HF model class can hold, whatever hf_class is asked for."""
+    if config.position_type == "learned_relative":
+        raise ValueError(
+            "position_type='learned_relative': HuggingFace transformers has no class for BERT's "
+            "learned positions plus a bucketed relative bias (UniLMv2's released checkpoints "
+            "load through microsoft/unilm's s2s-ft code, not transformers), so this model cannot "
+            "be exported to HF. Use it through lmsuite (`lmsuite eval`, `lmsuite finetune`, "
+            "lmsuite.evaluation) from its checkpoint."
+        )
     if config.position_type == "tupe":
         raise ValueError(
             "position_type='tupe': HuggingFace transformers has no TUPE model class (TUPE's "

@@ -83,28 +83,74 @@ def t5_relative_bucket(
     return out + np.where(dist < max_exact, dist, large)
 
 
+def relative_buckets(num_positions: int, *, num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bidirectional bucket of every key-minus-query distance -(n - 1) .. n - 1, indexed by
+    distance + n - 1, so traced position ids can gather their buckets.
+
+    >>> relative_buckets(3, num_buckets=32, max_distance=128)
+    array([ 2,  1,  0, 17, 18])
+    """
+    distance_R = np.arange(-(num_positions - 1), num_positions)
+    return t5_relative_bucket(
+        distance_R, bidirectional=True, num_buckets=num_buckets, max_distance=max_distance
+    )
+
+
+def position_id_buckets(
+    position_ids_BL, *, num_positions: int, num_buckets: int, max_distance: int
+):
+    """The bidirectional bucket of pos[b, m] - pos[b, l] for every query l and key m: (B, L, L).
+
+    Distances come from the position ids, not the slots, so tokens that share a position (UniLMv2's
+    pseudo tokens share their target's) are at distance 0 from each other."""
+    lookup_R = jnp.asarray(
+        relative_buckets(num_positions, num_buckets=num_buckets, max_distance=max_distance)
+    )
+    distance_BLM = position_ids_BL[:, None, :] - position_ids_BL[:, :, None]
+    return jnp.take(lookup_R, distance_BLM + num_positions - 1)
+
+
 class RelativePositionBias(nn.Module):
     """T5's learned per-head bias over relative-position buckets, shared by a stack's layers.
 
-    Parameter `rel_embedding` is (R, H). Returns the additive attention bias (1, H, L, M).
+    Parameter `rel_embedding` is (R, H). Returns the additive attention bias (1, H, L, M) over
+    the slots' distances, or (B, H, L, L) over `position_ids_BL`'s (bidirectional only; ids
+    below `max_positions`): UniLMv2's bias (microsoft/unilm s2s-ft `BertModel.rel_pos_bias`, a
+    bias-free linear map of the bucket's one-hot, which is this table's row).
     """
 
     num_heads: int
     num_buckets: int
     max_distance: int
     bidirectional: bool
+    max_positions: int = 0  # with position ids: the distances' lookup covers ids 0..max - 1
     init_stddev: float = 0.02
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, q_len: int, k_len: int):
+    def __call__(self, q_len: int, k_len: int, *, position_ids_BL=None):
         table_RH = self.param(
             "rel_embedding",
             nn.with_logical_partitioning(default_kernel_init(self.init_stddev), (P.TABLE, P.HEADS)),
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )
+        if position_ids_BL is not None:
+            if not self.bidirectional or q_len != k_len or self.max_positions < 1:
+                raise ValueError(
+                    "a relative bias over position ids is bidirectional self-attention with "
+                    f"max_positions >= 1, got bidirectional={self.bidirectional}, q_len={q_len}, "
+                    f"k_len={k_len}, max_positions={self.max_positions}"
+                )
+            bucket_BLM = position_id_buckets(
+                position_ids_BL,
+                num_positions=self.max_positions,
+                num_buckets=self.num_buckets,
+                max_distance=self.max_distance,
+            )
+            bias_BLMH = jnp.take(table_RH, bucket_BLM, axis=0).astype(self.dtype)
+            return jnp.transpose(bias_BLMH, (0, 3, 1, 2))
         rel_LM = np.arange(k_len)[None, :] - np.arange(q_len)[:, None]
         bucket_LM = t5_relative_bucket(
             rel_LM,

@@ -23,30 +23,16 @@ import math
 
 import flax.linen as nn
 import jax.numpy as jnp
-import numpy as np
 
 from lmsuite import partitioning as P
 from lmsuite.layers.attention import attention_scores
 from lmsuite.layers.dense import DenseGeneral, default_kernel_init
 from lmsuite.layers.norm import make_norm
-from lmsuite.layers.positions import t5_relative_bucket
+from lmsuite.layers.positions import position_id_buckets
 
 # Table rows whose positional term with themselves is theta (row r + 1 is position r's).
 CLS_TO_OTHERS_ROW = 0
 OTHERS_TO_CLS_ROW = 1
-
-
-def relative_buckets(num_positions: int, *, num_buckets: int, max_distance: int) -> np.ndarray:
-    """T5's bidirectional bucket of every key-minus-query distance -(n - 1) .. n - 1, indexed by
-    distance + n - 1, so traced position ids can gather their buckets.
-
-    >>> relative_buckets(3, num_buckets=32, max_distance=128)
-    array([ 2,  1,  0, 17, 18])
-    """
-    distance_R = np.arange(-(num_positions - 1), num_positions)
-    return t5_relative_bucket(
-        distance_R, bidirectional=True, num_buckets=num_buckets, max_distance=max_distance
-    )
 
 
 def untie_cls(scores_BHLM, is_cls_BL, *, cls_to_others_H, others_to_cls_H):
@@ -135,13 +121,12 @@ class UntiedPositionBias(nn.Module):
             (self.num_buckets + 1, self.num_heads),
             jnp.float32,
         )
-        lookup_R = jnp.asarray(
-            relative_buckets(
-                self.max_length, num_buckets=self.num_buckets, max_distance=self.max_distance
-            )
+        bucket_BLM = position_id_buckets(
+            position_ids_BL,
+            num_positions=self.max_length,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
         )
-        distance_BLM = position_ids_BL[:, None, :] - position_ids_BL[:, :, None]
-        bucket_BLM = jnp.take(lookup_R, distance_BLM + self.max_length - 1)
         bucket_BLM = jnp.where(is_cls_BL[:, None, :], self.num_buckets, bucket_BLM)
         bucket_BLM = jnp.where(is_cls_BL[:, :, None], self.num_buckets // 2, bucket_BLM)
         bias_BLMH = jnp.take(table_RH, bucket_BLM, axis=0).astype(self.dtype)  # float32 scatter

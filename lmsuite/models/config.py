@@ -17,7 +17,11 @@ from lmsuite.models.option_groups import (
     XLNetOptions,
 )
 
-POSITION_TYPES = ("learned", "sinusoidal", "t5_relative", "deberta", "tupe", "none")
+POSITION_TYPES = (
+    "learned", "learned_relative", "sinusoidal", "t5_relative", "deberta", "tupe", "none",
+)  # fmt: skip
+# Position types whose absolute table (or sinusoids) enters the embeddings, with position_offset.
+ABSOLUTE_INPUT_POSITIONS = ("learned", "learned_relative", "sinusoidal")
 SHARING = ("none", "all", "attention", "ffn")
 HEADS = ("mlm", "lm", "classifier", "rtd", "sbo")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -66,9 +70,11 @@ class ModelConfig:
                        always has one),
                        type_vocab_size T (0: no segment embeddings), max_length (position table).
       positions        position_type; position_offset (RoBERTa/BART reserve the first 2 rows);
-                       relative_buckets / relative_max_distance (T5); deberta (DebertaOptions,
-                       set exactly when position_type="deberta"; left None, it takes the
-                       defaults); tupe (TupeOptions, likewise for position_type="tupe").
+                       relative_buckets / relative_max_distance (T5's buckets, for t5_relative
+                       and learned_relative: BERT's learned table plus one bucketed bias over
+                       the position-id distances shared by the layers, UniLMv2's); deberta
+                       (DebertaOptions, set exactly when position_type="deberta"; left None,
+                       it takes the defaults); tupe (TupeOptions, likewise for "tupe").
       block            activation (gelu, gelu_tanh, relu, silu, geglu, geglu_tanh, swiglu),
                        norm_type, norm_eps, norm_position ("post" as BERT, "pre" as GPT-2/T5),
                        use_bias, scale_attention (False: T5 folds 1/sqrt(K) into the init).
@@ -253,7 +259,7 @@ class ModelConfig:
     @property
     def max_positions(self) -> int:
         """The longest sequence the position table can index."""
-        if self.position_type in ("learned", "sinusoidal"):
+        if self.position_type in ABSOLUTE_INPUT_POSITIONS:
             return self.max_length - self.position_offset
         return self.max_length
 
@@ -289,6 +295,18 @@ class ModelConfig:
             positive(name)
         for name in ("sbo_max_span", "sbo_position_dim"):
             positive(name)
+        if self.position_type == "learned_relative":
+            # Bidirectional buckets: n // 2 a direction, n // 4 of them exact distances.
+            n, d = self.relative_buckets, self.relative_max_distance
+            if not isinstance(n, int) or isinstance(n, bool) or n < 4 or n % 2:
+                raise ValueError(
+                    f"ModelConfig.relative_buckets must be an even int >= 4, got {n!r}"
+                )
+            if not isinstance(d, int) or isinstance(d, bool) or d <= n // 4:
+                raise ValueError(
+                    f"ModelConfig.relative_max_distance must be an int > relative_buckets // 4 = "
+                    f"{n // 4} (the exact distances), got {d!r}"
+                )
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "

@@ -48,7 +48,7 @@ class Embedder(nn.Module):
             x_BLE = x_BLE * jnp.asarray(cfg.d_model**0.5, dtype)
         if position_ids_BL is None:
             position_ids_BL = jnp.arange(ids_BL.shape[1])[None, :]
-        if cfg.position_type == "learned" or (
+        if cfg.position_type in ("learned", "learned_relative") or (
             cfg.deberta is not None and cfg.deberta.position_biased_input
         ):
             table = Embed(

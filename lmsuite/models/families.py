@@ -255,6 +255,14 @@ def check(config: ModelConfig):
         )
     if config.position_type == "deberta" and not fam.bidirectional:
         raise ValueError("position_type='deberta' is implemented for encoders only")
+    if config.position_type == "learned_relative" and config.architecture != "encoder":
+        # UniLMv2's bias reads the position ids of one bidirectional stack; a decoder's cache and
+        # an encoder-decoder's two stacks would need their own paths, and no paper uses them.
+        raise ValueError(
+            f"position_type='learned_relative' is implemented for architecture='encoder' only, "
+            f"got architecture={config.architecture!r}: a decoder takes 'learned', "
+            "'sinusoidal', 't5_relative' or 'none'"
+        )
     if config.position_type == "tupe" and config.architecture != "encoder":
         # TUPE unties the [CLS] of a bidirectional encoder from the positions; the reference
         # (guolinke/TUPE) has no decoder, and XLNet reads no position_type at all.

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lmsuite.layers import masks
-from lmsuite.models.config import ModelConfig
+from lmsuite.models.config import ABSOLUTE_INPUT_POSITIONS, ModelConfig
 
 
 def _is_concrete(x) -> bool:
@@ -35,7 +35,8 @@ def check_same_shape(name: str, x, ref_name: str, ref):
 
 
 def check_length(config: ModelConfig, name: str, length: int):
-    if config.position_type in ("learned", "sinusoidal", "tupe") and length > config.max_positions:
+    absolute = config.position_type in (*ABSOLUTE_INPUT_POSITIONS, "tupe")
+    if absolute and length > config.max_positions:
         raise ValueError(
             f"{name} has length {length}, longer than the position table "
             f"(max_length={config.max_length} - position_offset={config.position_offset} "

@@ -79,6 +79,19 @@ class Stack(nn.Module):
                 bias_BHLM = relative_bias(length, length)
             else:
                 bias_BHLM = _cached_relative_bias(relative_bias, cache, length, cache_index)
+        elif cfg.position_type == "learned_relative":
+            # UniLMv2's bias: over the position ids' distances, so that a pseudo token sits
+            # where its target does; the learned table is added to the embeddings.
+            bias_BHLM = RelativePositionBias(
+                num_heads=cfg.num_heads,
+                num_buckets=cfg.relative_buckets,
+                max_distance=cfg.relative_max_distance,
+                bidirectional=True,
+                max_positions=cfg.max_positions,
+                init_stddev=cfg.init_stddev,
+                dtype=cfg.compute_dtype,
+                name="relative_bias",
+            )(length, length, position_ids_BL=position_ids_BL)
         elif cfg.position_type == "tupe":
             bias_BHLM = UntiedPositionBias(
                 num_heads=cfg.num_heads,

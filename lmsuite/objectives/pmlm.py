@@ -30,7 +30,7 @@ DIFFERENCES = (
     "is trimmed; every masked token is [M] in the main sequence, never kept or random (a kept "
     "one would show earlier steps' [P] queries a later block's original), while its [P] follows "
     "BERT's 80/10/10 as the released s2s-ft code's pseudo tokens do (the paper does not say); "
-    "[P] is the sentinel <extra_id_0>; absolute learned positions, no relative position bias; "
+    "[P] is the sentinel <extra_id_0>; "
     "the row length counts the appended tokens (chunks of L - 2 - 2P tokens); padding queries "
     "see the main sequence"
 )

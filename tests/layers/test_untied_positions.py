@@ -11,8 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from lmsuite.layers.positions import t5_relative_bucket
-from lmsuite.layers.untied_positions import relative_buckets
+from lmsuite.layers.positions import relative_buckets, t5_relative_bucket
 from lmsuite.models import ModelConfig, Transformer, TupeOptions
 
 TINY = dict(

@@ -75,16 +75,7 @@ TINY_ENCODERS = [
 # albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
 AUXILIARY_NOT_LEARNT: dict[str, str] = {}
 # Twins whose masked LM may stay on the unigram plateau (an expected failure, with the reason).
-MLM_PLATEAU: dict[str, str] = {
-    "unilm2_tiny": "UniLMv2 shows every masked token as [M] in the main sequence (none kept, "
-    "so the AE half has nothing to copy), and no all-[MASK] encoder of this size leaves the "
-    "unigram plateau in 2,000 steps: unilm2_tiny ends 0.16 nats below the unigram in float32 "
-    "with accuracy below the most frequent target's (0.0328 against 0.036), and roberta_tiny "
-    "with every prediction [MASK] 0.04 nats below (learned or DeBERTa relative positions); at "
-    "BERT-Tiny's D=128 it collapses to one output for every input; 10,000 steps end at "
-    "6.709 and 0.0371 (binomial p 0.31 against the most frequent target); "
-    "docs/research/encoder_twins.md",
-}
+MLM_PLATEAU: dict[str, str] = {}  # unilm2_tiny's left it with TUPE's positions, 2026-12-06
 # Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
 # trained before it began (the MLM trains in every stage), none of which may fall by more than
 # FORGETTING_MARGIN (absolute) at any evaluation after it began.
