@@ -8,13 +8,14 @@ import jax.numpy as jnp
 from lmsuite.layers.mlp import ACTIVATIONS
 from lmsuite.layers.norm import NORM_TYPES
 
-# The types of ModelConfig's option-group fields; also importable from here, for code written
-# before the groups had a module of their own.
+# The types of ModelConfig's option-group fields (and the bucket check it shares with TUPE's);
+# also importable from here, for code written before the groups had a module of their own.
 from lmsuite.models.option_groups import (
     DebertaOptions,
     ElectraOptions,
     TupeOptions,
     XLNetOptions,
+    check_bidirectional_buckets,
 )
 
 POSITION_TYPES = (
@@ -296,17 +297,9 @@ class ModelConfig:
         for name in ("sbo_max_span", "sbo_position_dim"):
             positive(name)
         if self.position_type == "learned_relative":
-            # Bidirectional buckets: n // 2 a direction, n // 4 of them exact distances.
-            n, d = self.relative_buckets, self.relative_max_distance
-            if not isinstance(n, int) or isinstance(n, bool) or n < 4 or n % 2:
-                raise ValueError(
-                    f"ModelConfig.relative_buckets must be an even int >= 4, got {n!r}"
-                )
-            if not isinstance(d, int) or isinstance(d, bool) or d <= n // 4:
-                raise ValueError(
-                    f"ModelConfig.relative_max_distance must be an int > relative_buckets // 4 = "
-                    f"{n // 4} (the exact distances), got {d!r}"
-                )
+            check_bidirectional_buckets(
+                "ModelConfig", self.relative_buckets, self.relative_max_distance
+            )
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "

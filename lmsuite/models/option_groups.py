@@ -11,6 +11,19 @@ import dataclasses
 XLNET_ATTENTION_TYPES = ("bi", "uni")
 
 
+def check_bidirectional_buckets(owner: str, n, d) -> None:
+    """T5's bidirectional buckets give each direction n // 2 ids, of which n // 4 hold exact
+    distances: n must be an even int >= 4 (one exact bucket) and the largest distance d beyond
+    them. `owner` names the fields in the error (`TupeOptions`, `ModelConfig`)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 4 or n % 2:
+        raise ValueError(f"{owner}.relative_buckets must be an even int >= 4, got {n!r}")
+    if not isinstance(d, int) or isinstance(d, bool) or d <= n // 4:
+        raise ValueError(
+            f"{owner}.relative_max_distance must be an int > relative_buckets // 4 = {n // 4} "
+            f"(the exact distances), got {d!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class XLNetOptions:
     """The options of architecture="xlnet" (Yang et al. 2019) and of "transformer_xl" (Dai et al.
@@ -164,17 +177,10 @@ class TupeOptions:
             raise ValueError(
                 f"TupeOptions.relative_bias must be a bool, got {self.relative_bias!r}"
             )
-        n = self.relative_buckets
-        # Bidirectional buckets give each direction n // 2, of which n // 4 hold exact distances:
-        # n >= 4 keeps one exact bucket and a free id n // 2 for the [CLS]->others bias.
-        if not isinstance(n, int) or isinstance(n, bool) or n < 4 or n % 2:
-            raise ValueError(f"TupeOptions.relative_buckets must be an even int >= 4, got {n!r}")
-        d = self.relative_max_distance
-        if not isinstance(d, int) or isinstance(d, bool) or d <= n // 4:
-            raise ValueError(
-                f"TupeOptions.relative_max_distance must be an int > relative_buckets // 4 = "
-                f"{n // 4} (the exact distances), got {d!r}"
-            )
+        # n >= 4 also keeps a free bucket id n // 2 for the [CLS]->others bias.
+        check_bidirectional_buckets(
+            "TupeOptions", self.relative_buckets, self.relative_max_distance
+        )
 
     def replace(self, **changes) -> "TupeOptions":
         return dataclasses.replace(self, **changes)

@@ -304,6 +304,8 @@ UNILM2 = Recipe(
     architectures=("encoder",),
     token_types="optional",
     example_model="bert_tiny",
+    # UniLMv2's released positions, so the matrix trains the bias over shared position ids.
+    example_bindings=("ModelConfig.position_type = 'learned_relative'",),
     check_lengths=_pmlm_fits,
     reference="Bao et al. 2020 (arXiv 2002.12804) Algorithm 1, section 2 and Figure 3 "
     "(paper only: microsoft/unilm releases no UniLMv2 pretraining code); the mask "
