@@ -333,11 +333,11 @@ UNIGRAM_BATCHES = 1000  # train batches the unigram baseline counts at most
 
 
 def run_pretrain(args):
-    from lmsuite.training import metrics, recipes, report
+    from lmsuite.training import metrics, report
 
     run, result = _train(args)
     print(pretrain_report.summary_text(run, result))
-    built = recipes.build(run.recipe, model_config=run.model)
+    built = run.built()
     held_out = run.data.eval_dataset(built)  # the batches the run's evaluation read
     targets, weights = built.objective.prediction_features
     baselines = report.baselines(

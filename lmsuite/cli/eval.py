@@ -2,7 +2,8 @@
 [--max_batches=K] [--sequence_length=input_ids:64,masked_ids:10]`: held-out metrics of a
 checkpoint (`lmsuite.evaluation.evaluate`), printed and written under D/eval/. A run's mixture
 or one of its tasks; each classification head's accuracy is printed against always its most
-frequent held-out label, with the binomial p.
+frequent held-out label, with the binomial p. The loss is the run's own: its packing, loss
+options and task weights come from run.json (printed when there are any).
 
 A run without a committed checkpoint, a step that is not committed, an unknown task or split are
 configuration errors (exit code 2), each message naming what exists.
@@ -76,6 +77,12 @@ def run_eval(args):
     result = evaluate.evaluate_request(resolved)
     print(f"lmsuite eval: {result.task} {result.split} at step {result.step} "
           f"({result.num_examples} examples, {result.path})")  # fmt: skip
+    options = result.recipe_options
+    if options.get("loss_options") or options.get("task_weights"):
+        print(f"  the run's loss options: {options.get('loss_options', {})}, "
+              f"task weights: {options.get('task_weights', {})}")  # fmt: skip
+    for note in result.notes:
+        print(f"  note: {note}")
     for key, value in result.metrics.items():
         print(f"  {key}: {value:.6g}")
     for label, count in result.labels.items():

@@ -101,11 +101,10 @@ def train_config(
 def train_arguments(run) -> dict[str, Any]:
     """The run as the flat keyword arguments gin's `train` binds, the recipe built and the
     optimizer made (what `lmsuite compile` hands `aot.compile_train_step`)."""
-    from lmsuite.training import recipes
 
     groups = {
         "model": run.model,
-        "recipe": recipes.build(run.recipe, model_config=run.model),
+        "recipe": run.built(),
         "data": run.data,
         "trainer": run.trainer,
         "checkpointing": run.checkpointing,

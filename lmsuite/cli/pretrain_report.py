@@ -173,10 +173,11 @@ def _metric_line(metrics: dict, keys) -> str:
 
 def summary_text(run, result) -> str:
     """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
-    from lmsuite.training import recipes
 
     recipe = run.recipe.recipe
-    metric_keys = ["loss", *recipes.build(run.recipe, model_config=run.model).objective.metrics]
+    # the objective's own metrics; a mixture's per-task ones ("mlm_accuracy/<task>") are in
+    # metrics.jsonl and TensorBoard, too many for a line
+    metric_keys = ["loss", *(k for k in run.built().objective.metrics if "/" not in k)]
     train = result.train_metrics
     lines = [
         f"lmsuite train: step {result.step} of {run.trainer.train_steps} on {run.data.task!r} "

@@ -268,7 +268,7 @@ def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: fl
     """Pretrains one run of the study (resuming its checkpoints) and returns its record."""
     import lmsuite
     from lmsuite.models import families
-    from lmsuite.training import metrics, recipes
+    from lmsuite.training import metrics
 
     model_dir = os.path.join(run_dir, "pretrain")
     cost, plan = planned["cost"], planned["plans"][budget]
@@ -290,7 +290,7 @@ def pretrain(experiment: str, seed: int, run_dir: str, planned: dict, budget: fl
     for record in history:  # the last evaluation (a finished run resumed evaluates no more)
         if any(k.startswith("eval/") for k in record):
             held_out = {k: v for k, v in record.items() if k.startswith("eval/")}
-    built = recipes.build(run.recipe, model_config=run.model)
+    built = run.built()
     return {
         "recipe": run.recipe.recipe.name,
         "architecture": families.family(run.model).name,

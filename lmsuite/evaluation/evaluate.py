@@ -17,7 +17,8 @@ Two paths, chosen by what the task's examples are:
 Either way the metrics are `loss` (mean cross-entropy per target token), `token_accuracy`,
 `perplexity` (exp(loss)) and, for seq2seq, `sequence_accuracy`; the eval_step path adds the
 recipe's own metrics as `eval/<name>`, as training's evaluation logs them (each over all the
-batches together: `step.held_out_metrics`).
+batches together: `step.held_out_metrics`), with the run's own packing, loss options and task
+weights (run.json's `recipe_options`; one task of a mixture is scored unweighed).
 They go to TensorBoard under D/eval/<task>/ at the checkpoint's step and to
 D/eval/<task>_<split>_step<N>.json.
 
@@ -63,6 +64,12 @@ class EvalRequest:
     params: Any
     batch_size: int
     max_batches: int | None
+    # The run's packing, loss options and task weights (run.json's record); None: the row's
+    # defaults
+    choice: recipes.RecipeChoice | None = None
+    # What the figures cannot follow of the run (options run.json could not record), said
+    # beside them
+    notes: tuple[str, ...] = ()
 
 
 class LabelCount(NamedTuple):
@@ -87,6 +94,10 @@ class EvalResult:
     tensorboard_dir: str
     # label feature -> its head's held-out labels (the eval_step path; NSP, SOP, ERNIE 2.0, ...)
     labels: Mapping[str, LabelCount] = dataclasses.field(default_factory=dict)
+    # the packing, loss options and task weights the loss was built with
+    # (`recipes.RecipeChoice.to_json`), and what they could not follow of the run
+    recipe_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
 
 def resolve(
@@ -116,6 +127,14 @@ def resolve(
     if run.recipe is None:
         raise ValueError(f"{model_dir}/{run_config.RUN_FILE} names no recipe")
     recipe = recipes.get(run.recipe)
+    try:
+        choice = recipes.choice_from_json(run.recipe, run.recipe_options)
+    except ValueError as error:
+        raise ValueError(
+            f"{model_dir}/{run_config.RUN_FILE} records recipe options this lmsuite cannot set: "
+            f"{error}"
+        ) from error
+    notes = _choice_notes(run.recipe_options)
     task = task or run.task
     known = [*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()]
     if task not in known:
@@ -151,6 +170,21 @@ def resolve(
         params=loaded.params,
         batch_size=batch_size,
         max_batches=max_batches,
+        choice=choice,
+        notes=notes,
+    )
+
+
+def _choice_notes(record: Mapping[str, Any] | None) -> tuple[str, ...]:
+    if record is None:
+        return (
+            f"the run's {run_config.RUN_FILE} predates its recipe options: the loss is the "
+            "row's with its default options and task weights",
+        )
+    return tuple(
+        f"loss option {key}={shown} is not recorded in {run_config.RUN_FILE} (not JSON): the "
+        "loss uses the row's default for it"
+        for key, shown in record.get("unrecorded", {}).items()
     )
 
 
@@ -162,9 +196,10 @@ def evaluate(*, write: bool = True, **request) -> EvalResult:
 def evaluate_request(req: EvalRequest, *, write: bool = True) -> EvalResult:
     """`evaluate` of a request `resolve` already checked."""
     tasks = mixtures.task_names(req.task) if mixtures.is_mixture(req.task) else ()
-    built = recipes.build(
-        recipes.make_recipe(name=req.recipe.name), model_config=req.model_config, tasks=tasks
-    )
+    choice = req.choice or recipes.make_recipe(name=req.recipe.name)
+    if not tasks:  # one task, maybe of a weighed mixture's run: its own loss, unweighed
+        choice = dataclasses.replace(choice, task_weights={})
+    built = recipes.build(choice, model_config=req.model_config, tasks=tasks)
     labels = {}
     if uses_evaluator(req.recipe):
         metrics, count = _with_evaluator(req, built)
@@ -185,6 +220,8 @@ def evaluate_request(req: EvalRequest, *, write: bool = True) -> EvalResult:
         json_path=json_path,
         tensorboard_dir=tensorboard_dir,
         labels=labels,
+        recipe_options=choice.to_json(),
+        notes=req.notes,
     )
     if write:
         _write(result)
@@ -461,6 +498,8 @@ def _write(result: EvalResult) -> None:
         "path": result.path,
         "metrics": result.metrics,
         "labels": {label: count._asdict() for label, count in result.labels.items()},
+        "recipe_options": dict(result.recipe_options),
+        "notes": list(result.notes),
     }
     with open(result.json_path, "w") as f:
         f.write(json.dumps(record, indent=1) + "\n")

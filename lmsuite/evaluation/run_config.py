@@ -1,11 +1,12 @@
 """What a finished run says about its model: the ModelConfig, task, lengths and recipe.
 
 `lmsuite train` writes `run.json` next to the checkpoints (`ModelConfig.to_json` and the run's
-task, sequence lengths and recipe), so a loaded model is rebuilt without gin, which belongs to
-`lmsuite.cli` alone: the operative `config.gin` beside it is for people and for rerunning. It
-also records what registers the task: the `--task_module`s and, for `--train_files`, the text
-task's spec (`text_files.TextTaskSpec`); `register_run_tasks` imports and registers them again
-(runs written before these keys load as before: their task must be registered by the caller).
+task, sequence lengths, recipe and the recipe's options), so a loaded model is rebuilt without
+gin, which belongs to `lmsuite.cli` alone: the operative `config.gin` beside it is for people
+and for rerunning. It also records what registers the task: the `--task_module`s and, for
+`--train_files`, the text task's spec (`text_files.TextTaskSpec`); `register_run_tasks` imports
+and registers them again (runs written before these keys load as before: their task must be
+registered by the caller).
 
   >>> run = read_run_config("runs/default")
   >>> run.model_config.d_model, run.task, run.sequence_length
@@ -33,6 +34,9 @@ class RunConfig:
     recipe: str | None
     task_modules: tuple[str, ...] = ()
     text_task: Mapping | None = None  # `text_files.TextTaskSpec.to_json()`
+    # `recipes.RecipeChoice.to_json()`: packing, loss options, task weights (None: a run.json
+    # written before they were recorded)
+    recipe_options: Mapping | None = None
 
 
 def parse_run_config(text: str, *, where: str = RUN_FILE) -> RunConfig:
@@ -54,6 +58,7 @@ def parse_run_config(text: str, *, where: str = RUN_FILE) -> RunConfig:
         recipe=values.get("recipe"),
         task_modules=tuple(values.get("task_modules", ())),
         text_task=values.get("text_task"),
+        recipe_options=values.get("recipe_options"),
     )
 
 

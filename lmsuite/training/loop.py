@@ -17,13 +17,11 @@ import jax.numpy as jnp
 from etils import epath
 
 from lmsuite import partitioning
-from lmsuite.data import mixtures
 from lmsuite.models import Transformer, memory_shapes
 from lmsuite.training import (
     checkpointing,
     input_pipeline,
     lease,
-    recipes,
     report,
     resume_checks,
     step,
@@ -110,9 +108,7 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
     """`train` once the run directory is this process's."""
     data, trainer = config.data, config.trainer
     _, data_plan = write_records(config)
-    built = recipes.build(
-        config.recipe, model_config=config.model, tasks=mixtures.task_names(data.task)
-    )
+    built = config.built()
 
     # ----------------------------------------------------------------------------- mesh
     data_axis, fsdp, tensor = trainer.mesh_shape

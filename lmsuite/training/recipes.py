@@ -25,6 +25,7 @@ module is the table they form and the choosing: `get`, `make_recipe` (what gin c
 
 import dataclasses
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -78,6 +79,53 @@ class RecipeChoice:
     pack: bool
     loss_options: Mapping[str, Any]
     task_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """What run.json records of the choice beside the row's name, so that `lmsuite eval`
+        scores with the run's own loss (`choice_from_json`). An option that gin set to a value
+        JSON cannot hold (a configurable reference) is kept by name and repr under
+        "unrecorded": the evaluation says it used the row's default for it."""
+        recorded, unrecorded = {}, {}
+        for key, value in self.loss_options.items():
+            try:
+                json.dumps(value)
+                recorded[key] = value
+            except (TypeError, ValueError):
+                unrecorded[key] = repr(value)
+        record = {
+            "pack": self.pack,
+            "loss_options": recorded,
+            "task_weights": {k: float(v) for k, v in self.task_weights.items()},
+        }
+        if unrecorded:
+            record["unrecorded"] = unrecorded
+        return record
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's lists back to the tuples gin gave (options are hashed and compared as tuples)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+def choice_from_json(name: str, record: Mapping[str, Any] | None) -> RecipeChoice:
+    """The `RecipeChoice` a run recorded (`RecipeChoice.to_json`); None (a run.json written
+    before the record) is the row with its defaults.
+
+    Raises:
+      ValueError: an option this version's row no longer takes (`make_recipe`'s message).
+    """
+    if record is None:
+        return make_recipe(name=name)
+    return make_recipe(
+        name=name,
+        pack=record.get("pack"),
+        loss_options=_tuples(dict(record.get("loss_options", {}))),
+        task_weights=dict(record.get("task_weights", {})),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,9 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from lmsuite import partitioning
-from lmsuite.data import mixtures
 from lmsuite.models import Transformer, families
-from lmsuite.training import aot, recipes, report
+from lmsuite.training import aot, report
 from lmsuite.training.train_config import TrainConfig
 
 
@@ -43,9 +42,7 @@ def step_cost(config: TrainConfig) -> StepCost:
     Raises:
       ValueError: the backend gives no FLOP count (XLA's cost analysis is missing).
     """
-    built = recipes.build(
-        config.recipe, model_config=config.model, tasks=mixtures.task_names(config.data.task)
-    )
+    built = config.built()
     spec = config.data.train_dataset(built, seed=config.trainer.seed).element_spec
     example = report.example_inputs(spec)
     batch = {

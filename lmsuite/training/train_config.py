@@ -383,6 +383,14 @@ class TrainConfig(Group):
             self.__dict__["_validated"] = found
         return found
 
+    def built(self) -> recipes.Built:
+        """The run's recipe made concrete for its model and task: a mixture's task ids and
+        per-task metrics and weights included, as the train step has them (a build without the
+        mixture's tasks refuses the run's `task_weights`)."""
+        return recipes.build(
+            self.recipe, model_config=self.model, tasks=mixtures.task_names(self.data.task)
+        )
+
     def run_record(self) -> dict[str, Any]:
         """What run.json holds: what `lmsuite.load` rebuilds the model and its task from, without
         gin (`lmsuite.evaluation.run_config` reads it)."""
@@ -393,6 +401,8 @@ class TrainConfig(Group):
             "task": self.data.task,
             "sequence_length": dict(self.data.sequence_length),
             "recipe": self.recipe.recipe.name,
+            # How the row was set: `lmsuite eval` rebuilds the run's own loss from it.
+            "recipe_options": self.recipe.to_json(),
             # The global batch: a resume compares it (`resume_checks`; run.json files written
             # before it was recorded leave it unknown).
             "batch_size": self.data.batch_size,

@@ -156,9 +156,14 @@ def test_bad_inputs_are_named_with_exit_code_2(mlm_run, capsys, tmp_path):
     assert not os.path.exists(empty / "eval")
 
 
+WEIGHTS = {"wiki_sample_ernie2_sentence_distance": 3.0}
+LABEL_WEIGHTS = {"sentence_distance_label": 0.25}
+
+
 @pytest.fixture(scope="module")
 def ernie2_run(tmp_path_factory):
-    """ERNIE 2.0's multi-task row on its four-task mixture, two steps."""
+    """ERNIE 2.0's multi-task row on its four-task mixture, two steps, with task weights and
+    loss options of its own (its evaluation must score that loss, not the row's default)."""
     model_dir = tmp_path_factory.mktemp("eval") / "ernie2"
     argv = train_argv(
         recipes.RECIPES["ernie2"],
@@ -166,23 +171,56 @@ def ernie2_run(tmp_path_factory):
         model_dir,
         "--gin.TASK='wiki_sample_ernie2_mixture'",
         f"--gin.train.eval_batches={EVAL_BATCHES}",
+        f"--gin.make_recipe.task_weights={WEIGHTS}",
+        f"--gin.make_recipe.loss_options={{'label_weights': {LABEL_WEIGHTS}}}",
     )
     assert cli.main(argv) == 0
     return str(model_dir)
 
 
 def test_eval_of_a_mixture_run_equals_its_own_held_out_figures(ernie2_run, capsys):
-    """The run's mixture by default (a mixture was once an 'unknown task'), per-task metrics."""
+    """The run's mixture by default (a mixture was once an 'unknown task'), per-task metrics,
+    and the run's own task weights and loss options (the row's defaults were once used, and
+    the total loss differed from the run's)."""
     assert cli.main(["eval", f"--model_dir={ernie2_run}", f"--batch_size={BATCH}",
                      f"--max_batches={EVAL_BATCHES}"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "wiki_sample_ernie2_mixture validation at step 2" in out
+    assert f"the run's loss options: {{'label_weights': {LABEL_WEIGHTS}}}" in out
+    assert f"task weights: {WEIGHTS}" in out and "note:" not in out
     with open(f"{ernie2_run}/eval/wiki_sample_ernie2_mixture_validation_step2.json") as f:
-        found = json.load(f)["metrics"]
+        record = json.load(f)
+    found = record["metrics"]
+    assert record["recipe_options"]["task_weights"] == WEIGHTS and record["notes"] == []
     held_out = [r for r in metrics.read_jsonl(f"{ernie2_run}/metrics.jsonl") if "eval/loss" in r]
     keys = ["eval/loss", "eval/mlm_loss", "eval/mlm_accuracy/wiki_sample_ernie2_token_document"]
     for key in keys:
         assert found[key] == pytest.approx(held_out[-1][key], rel=1e-6), key
+
+
+def test_eval_of_a_run_json_without_recipe_options_says_it_uses_the_rows_defaults(
+    ernie2_run, capsys, tmp_path
+):
+    """A run.json written before the record: the row's defaults, said as a note; the weighed
+    losses then differ from the run's own (which is why the record is there), the accuracies,
+    which no weight touches, do not."""
+    old_run = tmp_path / "old"
+    shutil.copytree(ernie2_run, old_run, ignore=shutil.ignore_patterns("eval"))
+    with open(old_run / "run.json") as f:
+        record = json.load(f)
+    del record["recipe_options"]
+    (old_run / "run.json").write_text(json.dumps(record))
+    assert cli.main(["eval", f"--model_dir={old_run}", f"--batch_size={BATCH}",
+                     f"--max_batches={EVAL_BATCHES}"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "note: the run's run.json predates its recipe options" in out
+    with open(old_run / "eval/wiki_sample_ernie2_mixture_validation_step2.json") as f:
+        found = json.load(f)
+    assert found["recipe_options"]["task_weights"] == {} and len(found["notes"]) == 1
+    held_out = [r for r in metrics.read_jsonl(f"{ernie2_run}/metrics.jsonl") if "eval/loss" in r]
+    for key in ("eval/mlm_accuracy", "eval/sentence_distance_label_accuracy"):
+        assert found["metrics"][key] == pytest.approx(held_out[-1][key], rel=1e-6), key
+    assert abs(found["metrics"]["eval/loss"] - held_out[-1]["eval/loss"]) > 1e-3
 
 
 def test_eval_of_one_task_of_a_multi_task_run_scores_its_own_head(ernie2_run, capsys):

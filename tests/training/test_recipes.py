@@ -152,6 +152,29 @@ def test_unknown_rows_and_loss_options_are_named(monkeypatch):
         recipes.make_recipe(name="bert_mlm_nsp", pack=True)
 
 
+@pytest.mark.parametrize("name", sorted(recipes.RECIPES))
+def test_a_choice_comes_back_from_its_run_json_record(name):
+    """run.json's record of the row's options (through JSON text, as `lmsuite eval` reads it)
+    rebuilds the same choice: SpanBERT's boundary ids come back a tuple, MASS's options, a
+    changed packing and task weights survive; None is the row with its defaults."""
+    recipe = recipes.RECIPES[name]
+    changed = {"pack": not recipe.pack} if (recipe.pack or recipe.can_pack()) else {}
+    if recipe.task_ids_along:
+        changed["task_weights"] = {"wiki_sample_a": 0.5}
+    for choice in (recipes.make_recipe(name=name), recipes.make_recipe(name=name, **changed)):
+        record = json.loads(json.dumps(choice.to_json()))
+        assert "unrecorded" not in record
+        assert recipes.choice_from_json(name, record) == choice
+    assert recipes.choice_from_json(name, None) == recipes.make_recipe(name=name)
+
+
+def test_a_loss_option_json_cannot_hold_is_kept_by_name():
+    choice = recipes.make_recipe(name="bert_mlm", loss_options={"sentence_label": len})
+    record = choice.to_json()
+    assert record["loss_options"] == {} and record["unrecorded"] == {"sentence_label": repr(len)}
+    assert recipes.choice_from_json("bert_mlm", record).loss_options == {}
+
+
 # ----------------------------------------------------------------------------- the matrix
 def _check_trained(model_dir, recipe):
     records = [json.loads(line) for line in (model_dir / "metrics.jsonl").open()]

@@ -185,6 +185,8 @@ def test_lmsuite_train_writes_the_run_json_that_lmsuite_load_reads(tmp_path):
         "task": "wiki_sample_bert_mlm",
         "sequence_length": {"input_ids": 64, "masked_ids": 10},
         "recipe": "bert_mlm",
+        # what `lmsuite eval` builds the run's own loss from
+        "recipe_options": {"pack": False, "loss_options": {}, "task_weights": {}},
         "batch_size": 8,  # the global batch: a resume compares it (resume_checks)
         "task_modules": [],
     }
