@@ -183,18 +183,22 @@ def abstract_batch(
     *,
     task: str,
     sequence_length: Mapping[str, int],
-    feature_converter,
+    recipe: recipes.Built,
     batch_size: int,
 ) -> tuple[dict[str, jax.ShapeDtypeStruct], str]:
     """(the global batch as shapes, the task they were read from), from the run's own
-    batched dataset's `element_spec`: nothing is read."""
+    batched dataset's `element_spec`: nothing is read. A mixture's batches carry its task ids
+    and every head's labels, as in training (`DataConfig.train_dataset`); XLNet's row layout
+    (`rows_task`) orders the examples without changing a shape, and is left out."""
     source = shapes_task(task)
     dataset = input_pipeline.process_dataset(
         task=source,
         sequence_length=sequence_length,
-        feature_converter=feature_converter,
+        feature_converter=recipe.feature_converter,
         global_batch_size=jax.process_count(),  # only the sizes after the batch are read
         shuffle=False,
+        task_ids_along=recipe.task_ids_along,
+        label_fill=dict(recipe.objective.label_heads) or None,
     )
     example = report.example_inputs(dataset.element_spec)
     return {
@@ -253,7 +257,7 @@ def compile_train_step(
         batch, shapes_from = abstract_batch(
             task=task,
             sequence_length=sequence_length,
-            feature_converter=recipe.feature_converter,
+            recipe=recipe,
             batch_size=batch_size,
         )
     objective = recipe.objective

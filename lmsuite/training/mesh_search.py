@@ -70,7 +70,7 @@ def auto_mesh(
     batch, source = aot.abstract_batch(
         task=train_arguments["task"],
         sequence_length=train_arguments["sequence_length"],
-        feature_converter=train_arguments["recipe"].feature_converter,
+        recipe=train_arguments["recipe"],
         batch_size=train_arguments["batch_size"],
     )
     results = []

@@ -61,7 +61,7 @@ def _expected_argument_bytes(kwargs, topology, mesh_shape, compiled=None) -> tup
     batch, _ = aot.abstract_batch(
         task=kwargs["task"],
         sequence_length=kwargs["sequence_length"],
-        feature_converter=recipe.feature_converter,
+        recipe=recipe,
         batch_size=kwargs["batch_size"],
     )
     model = Transformer(kwargs["model_config"])
@@ -113,6 +113,23 @@ def test_argument_bytes_are_the_shards_of_state_and_batch(topology, experiment):
     assert found.flops > 0 and found.bytes_accessed > 0
     assert 0 < found.mfu <= 1
     assert found.step_seconds == max(found.compute_seconds, found.memory_seconds)
+
+
+def test_a_mixture_run_compiles_the_step_it_trains():
+    """ERNIE 2.0's four-task mixture: the compiled step is the per-task one, and its batch has
+    the task ids and every head's labels, as training's batches do (compiling a mixture once
+    raised a KeyError for a label the first task lacks, then lacked the task ids)."""
+    kwargs = _arguments("ernie2_tiny", "v4-8")
+    recipe = kwargs["recipe"]
+    assert len(recipe.tasks) == 4 and recipe.task_ids_along == ("masked_ids",)
+    batch, source = aot.abstract_batch(
+        task=kwargs["task"], sequence_length=kwargs["sequence_length"], recipe=recipe,
+        batch_size=kwargs["batch_size"],
+    )  # fmt: skip
+    assert source == "wiki_sample_ernie2_mixture"
+    assert {"task_ids", *(name for name, _ in recipe.objective.label_heads)} <= set(batch)
+    found = aot.compile_train_step(accelerator="v4-8", **kwargs)
+    assert found.fits and found.flops > 0
 
 
 def test_fsdp_shards_the_state_across_devices():
