@@ -34,9 +34,31 @@ def check_same_shape(name: str, x, ref_name: str, ref):
         )
 
 
+def reads_position_table(config: ModelConfig) -> bool:
+    """Whether the position ids index a table of `max_positions` rows (a learned or sinusoidal
+    one, TUPE's, or DeBERTa's absolute one with position_biased_input): an id past it would be
+    clamped by XLA's gather without a word."""
+    biased = config.deberta is not None and config.deberta.position_biased_input
+    return config.position_type in (*ABSOLUTE_INPUT_POSITIONS, "tupe") or biased
+
+
+def check_position_ids(config: ModelConfig, position_ids):
+    """Range of given position ids (when concrete) where they index the position table."""
+    if not (reads_position_table(config) and _is_concrete(position_ids) and position_ids.size):
+        return
+    values = np.asarray(position_ids)
+    lo, hi = int(values.min()), int(values.max())
+    if lo < 0 or hi >= config.max_positions:
+        raise ValueError(
+            f"position_ids holds {hi if hi >= config.max_positions else lo}, outside "
+            f"[0, {config.max_positions}): the position table (position_type="
+            f"{config.position_type!r}, max_length={config.max_length} - position_offset="
+            f"{config.position_offset}) has {config.max_positions} positions"
+        )
+
+
 def check_length(config: ModelConfig, name: str, length: int):
-    absolute = config.position_type in (*ABSOLUTE_INPUT_POSITIONS, "tupe")
-    if absolute and length > config.max_positions:
+    if reads_position_table(config) and length > config.max_positions:
         raise ValueError(
             f"{name} has length {length}, longer than the position table "
             f"(max_length={config.max_length} - position_offset={config.position_offset} "
@@ -65,6 +87,7 @@ def validate_inputs(
         check_same_shape("token_type_ids", token_type_ids, "input_ids", input_ids)
     for name, x in (("position_ids", position_ids), ("segment_ids", segment_ids)):
         check_same_shape(name, x, "input_ids", input_ids)
+    check_position_ids(cfg, position_ids)
     if decoder_input_ids is not None:
         check_ids("decoder_input_ids", decoder_input_ids, cfg.vocab_size)
         check_length(cfg, "decoder_input_ids", decoder_input_ids.shape[1])

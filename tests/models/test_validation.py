@@ -74,6 +74,40 @@ def test_bad_inputs_are_named():
         decoder_model.apply(decoder_variables, ids, prefix_mask=jnp.ones_like(ids))
 
 
+@pytest.mark.parametrize(
+    "changes,limit",
+    [
+        (dict(), 12),
+        (dict(position_offset=2), 10),  # RoBERTa's two reserved rows
+        (dict(position_type="sinusoidal", position_offset=2), 10),
+        (dict(position_type="tupe"), 12),
+        (dict(position_type="learned_relative"), 12),
+    ],
+)
+def test_position_ids_past_the_table_are_named(changes, limit):
+    """Given position ids index the table (XLA's gather would clamp a stray one silently): the
+    last row is taken, one past it is refused naming the table's size, and so is a negative."""
+    cfg = ModelConfig(**TINY, **changes)
+    ids = jnp.ones((1, 5), jnp.int32)
+    model, variables = _init(cfg, ids)
+    apply = lambda p: model.apply(variables, ids, position_ids=jnp.asarray(p, jnp.int32)[None])
+    assert np.isfinite(apply([0, 1, 2, 3, limit - 1])["mlm_logits"]).all()
+    expected = rf"position_ids holds {limit}, outside \[0, {limit}\): .* has {limit} positions"
+    with pytest.raises(ValueError, match=expected):
+        apply([0, 1, 2, 3, limit])
+    with pytest.raises(ValueError, match=r"position_ids holds -1, outside"):
+        apply([-1, 0, 1, 2, 3])
+
+
+def test_position_ids_of_a_relative_model_index_no_table():
+    """T5's buckets take any distance: ids past max_length are not refused."""
+    cfg = ModelConfig(**TINY, position_type="t5_relative")
+    ids = jnp.ones((1, 5), jnp.int32)
+    model, variables = _init(cfg, ids)
+    out = model.apply(variables, ids, position_ids=jnp.arange(100, 105, dtype=jnp.int32)[None])
+    assert np.isfinite(out["mlm_logits"]).all()
+
+
 def test_architecture_specific_inputs_are_required():
     ids = jnp.ones((1, 4), jnp.int32)
     with pytest.raises(ValueError, match="needs decoder_input_ids"):
