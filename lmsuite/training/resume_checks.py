@@ -8,11 +8,13 @@ rewritten, and `compare` says what differs.
                                   old run's record would be lost): refused; except
                                   ModelConfig.remat, which changes what the backward pass
                                   keeps, not the parameters or the numbers
-  batch_size, task, sequence_length, text_task
+  batch_size, task, sequence_length, text_task, the recipe's packing
                                   change the data stream: refused unless `data_change` says
                                   how the data position follows (`DATA_CHANGES`)
-  anything else                   (steps, learning rate, schedule, evaluation, stages, ...)
-                                  resumes as given
+  anything else                   (steps, learning rate, schedule, evaluation, stages, the
+                                  recipe's loss options and task weights, ...) resumes as
+                                  given; run.json then records the new values, which
+                                  `lmsuite eval` scores with
 
   >>> plan = compare(old_record, new_record, data_change="rescale")  # batch 8 -> 16
   >>> data_position(plan, batches_consumed=10)
@@ -31,7 +33,7 @@ from lmsuite.training.train_config import DATA_CHANGES, InvalidRunError
 # ModelConfig fields a resume may change: they decide memory, not parameters or results.
 MEMORY_ONLY_FIELDS = ("remat",)
 # The record's fields whose change alters the data stream (`train.data_change` decides).
-DATA_FIELDS = ("batch_size", "task", "sequence_length", "text_task")
+DATA_FIELDS = ("batch_size", "task", "sequence_length", "text_task", "pack")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], *, data_change: str | None
     changed_data = [name for name in DATA_FIELDS if _data_field_changed(old, new, name)]
     plan = DataPlan()
     if changed_data:
-        shown = ", ".join(f"{n} {old.get(n)!r} -> {new.get(n)!r}" for n in changed_data)
+        shown = ", ".join(f"{n} {_field(old, n)!r} -> {_field(new, n)!r}" for n in changed_data)
         if data_change is None:
             problems.append(
                 f"the data differ: {shown}; set "
@@ -124,13 +126,21 @@ def compare(old: dict[str, Any], new: dict[str, Any], *, data_change: str | None
     return plan
 
 
+def _field(record: dict[str, Any], name: str) -> Any:
+    if name == "pack":  # `recipes.RecipeChoice.to_json`'s
+        return record.get("recipe_options", {}).get("pack")
+    return record.get(name)
+
+
 def _data_field_changed(old: dict[str, Any], new: dict[str, Any], name: str) -> bool:
-    if name == "batch_size" and "batch_size" not in old:
-        # run.json written before the batch was recorded: the old batch is unknown, and a
-        # resume that cannot know it is not refused on it (as before batch_size was recorded).
+    if (name == "batch_size" and "batch_size" not in old) or (
+        name == "pack" and "recipe_options" not in old
+    ):
+        # run.json written before the field was recorded: the old value is unknown, and a
+        # resume that cannot know it is not refused on it (as before it was recorded).
         return False
     # JSON on both sides: the new record's tuples read as the old one's lists.
-    return _as_json(old.get(name)) != _as_json(new.get(name))
+    return _as_json(_field(old, name)) != _as_json(_field(new, name))
 
 
 def _model_differences(old: Any, new: dict[str, Any]) -> list[str]:

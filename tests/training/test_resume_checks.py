@@ -1,6 +1,6 @@
 """A resume compares the run it is asked for with the run.json it finds before it writes
-anything: another model or recipe is refused, a changed batch, task or lengths is refused unless
-`train.data_change` says how the data position follows (issue 25, item 5)."""
+anything: another model or recipe is refused, a changed batch, task, lengths or packing is
+refused unless `train.data_change` says how the data position follows (issue 25, item 5)."""
 
 import json
 
@@ -24,6 +24,7 @@ def _record(model=MODEL, **changes) -> dict:
         "task": "wiki_sample_bert_mlm",
         "sequence_length": {"input_ids": 64, "masked_ids": 10},
         "recipe": "bert_mlm",
+        "recipe_options": {"pack": False, "loss_options": {}, "task_weights": {}},
         "batch_size": 8,
         "task_modules": [],
     }
@@ -109,6 +110,20 @@ def test_a_run_json_without_batch_size_is_not_refused_on_the_batch():
 def test_other_changes_resume_as_before():
     new = _record(task_modules=["my.tasks"], stages=[[0, {"a": 1.0}]])
     assert compare(_record(), new, data_change=None) == DataPlan()
+    options = {"pack": False, "loss_options": {"sbo_weight": 2.0}, "task_weights": {"a": 3.0}}
+    assert compare(_record(), _record(recipe_options=options), data_change=None) == DataPlan()
+
+
+def test_a_changed_packing_changes_the_data_and_needs_restart():
+    """Packed rows are other batches: the data position would point elsewhere."""
+    packed = _record(recipe_options={"pack": True, "loss_options": {}, "task_weights": {}})
+    problem = _refused(_record(), packed)
+    assert "pack False -> True" in problem and "'restart'" in problem, problem
+    assert "'restart'" in _refused(_record(), packed, "rescale")
+    assert data_position(compare(_record(), packed, data_change="restart"), 10) == 0
+    old = _record()
+    del old["recipe_options"]  # written before it was recorded: the old packing is unknown
+    assert compare(old, packed, data_change=None) == DataPlan()
 
 
 def test_the_option_is_a_gin_train_parameter_and_checked():
