@@ -101,7 +101,6 @@ def train_config(
 def train_arguments(run) -> dict[str, Any]:
     """The run as the flat keyword arguments gin's `train` binds, the recipe built and the
     optimizer made (what `lmsuite compile` hands `aot.compile_train_step`)."""
-
     groups = {
         "model": run.model,
         "recipe": run.built(),

@@ -173,7 +173,6 @@ def _metric_line(metrics: dict, keys) -> str:
 
 def summary_text(run, result) -> str:
     """What a finished `lmsuite train` prints: steps, final and held-out metrics, artefacts."""
-
     recipe = run.recipe.recipe
     # the objective's own metrics; a mixture's per-task ones ("mlm_accuracy/<task>") are in
     # metrics.jsonl and TensorBoard, too many for a line

@@ -5,7 +5,7 @@ import dataclasses
 
 from lmsuite.models import ModelConfig
 from lmsuite.training import aot
-from lmsuite.training.aot import CompileReport
+from lmsuite.training.compile_report import CompileReport
 
 
 def suggest_microbatches(found: CompileReport, batch_size: int) -> int | None:

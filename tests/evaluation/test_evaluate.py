@@ -20,7 +20,7 @@ import transformers
 
 import lmsuite
 from lmsuite import cli
-from lmsuite.evaluation import evaluate
+from lmsuite.evaluation import evaluate, seqio_scores
 from lmsuite.models import ModelConfig
 from lmsuite.training import input_pipeline, metrics, recipes
 from tests.training.test_recipes import train_argv
@@ -123,8 +123,8 @@ def test_sequence_accuracy_on_a_hand_made_case():
     logits[1, 0, 1] = 2.0  # right
     logits[1, 1, 3] = 2.0  # wrong: predicts 3, target 1
     logits[1, 2, 2] = 9.0  # padding, wrong: ignored
-    stats = np.asarray(evaluate.example_stats(logits, targets, weights))
-    found = evaluate.summarize(stats, sequences=True)
+    stats = np.asarray(seqio_scores.example_stats(logits, targets, weights))
+    found = seqio_scores.summarize(stats, sequences=True)
     log_z = np.log(np.exp(2.0) + 3 * np.exp(-2.0))
     right, wrong = log_z - 2.0, log_z + 2.0
     expected_loss = (4 * right + wrong) / 5  # five target tokens, four predicted right
@@ -364,7 +364,7 @@ def test_seq2seq_predictions_stop_at_the_targets_eos(monkeypatch):
     batch = {"encoder_input_tokens": np.ones((3, 4), np.int32),
              "decoder_target_tokens": np.ones((3, 5), np.int32)}  # fmt: skip
     dataset = tf.data.Dataset.from_tensor_slices(batch).enumerate()
-    rows = evaluate._greedy_predict(req, dataset)
+    rows = seqio_scores.greedy_predict(req, dataset)
     assert [i for i, _ in rows] == [0, 1, 2]
     vocab = seqio.get_mixture_or_task("wiki_sample_prefix_lm").output_features["targets"]
     assert seen["eos_token_id"] == vocab.vocabulary.eos_id == 6
