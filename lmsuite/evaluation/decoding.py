@@ -36,6 +36,7 @@ from lmsuite.evaluation import beam_search
 from lmsuite.evaluation.logits_processing import process, warp
 from lmsuite.models import families
 from lmsuite.models.config import ModelConfig
+from lmsuite.models.inputs import position_limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,13 +261,12 @@ def _eos_ids(name: str, eos_token_id, vocab_size: int) -> tuple[int, ...] | None
 
 
 def _check_positions(config: ModelConfig, what: str, length: int, new_tokens: int):
-    """A learned or sinusoidal table has max_positions rows; relative positions have no limit."""
-    if config.position_type not in ("learned", "sinusoidal"):
-        return
-    if length + new_tokens > config.max_positions:
+    """A position table (learned or sinusoidal) bounds the length; relative positions do not."""
+    limit = position_limit(config)
+    if limit is not None and length + new_tokens > limit:
         raise ValueError(
             f"{what} length {length} + max_new_tokens {new_tokens} = {length + new_tokens} "
-            f"positions, more than the position table's {config.max_positions}"
+            f"positions, more than the position table's {limit}"
         )
 
 

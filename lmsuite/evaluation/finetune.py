@@ -27,6 +27,7 @@ from flax import traverse_util
 
 from lmsuite.evaluation import finetune_data, probe_models
 from lmsuite.models import ModelConfig, Transformer, families
+from lmsuite.models.inputs import position_limit
 from lmsuite.training import optimizers
 
 
@@ -322,8 +323,11 @@ def finetune_classifier(
         raise ValueError(f"{loaded.source} has no vocabulary to tokenize the text with")
     probe = probe_models.probe_for(loaded.config, num_labels=num_labels, dropout_rate=dropout_rate)
     config = probe.config
-    if max_length > config.max_positions:
-        raise ValueError(f"max_length={max_length} exceeds the model's {config.max_positions}")
+    limit = position_limit(config)  # None: relative positions, any length
+    if limit is not None and max_length > limit:
+        raise ValueError(
+            f"max_length={max_length} exceeds the model's position table of {limit} positions"
+        )
     params = probe.init(jax.random.PRNGKey(seed))
     if not from_scratch:
         _, pretrained = probe_models.pretrained_backbone(loaded.config, loaded.params)

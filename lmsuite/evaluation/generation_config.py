@@ -27,6 +27,7 @@ from typing import Any
 
 from lmsuite.models import families
 from lmsuite.models.config import ModelConfig
+from lmsuite.models.inputs import position_limit
 
 # The options lmsuite implements, with HF's global default (None: unset).
 SUPPORTED: dict[str, Any] = {
@@ -241,8 +242,9 @@ def _lengths(merged, stored, given, config: ModelConfig, prompt: int) -> tuple[i
         max_length = merged["max_new_tokens"] + prompt
     elif given.get("max_length") is None and stored.get("max_length") is None:
         max_length = SUPPORTED["max_length"] + prompt
-        if config.position_type in ("learned", "sinusoidal"):
-            max_length = min(max_length, config.max_positions)
+        limit = position_limit(config)
+        if limit is not None:
+            max_length = min(max_length, limit)
     else:
         max_length = merged["max_length"]
     if max_length <= prompt:

@@ -29,7 +29,7 @@ from lmsuite.evaluation import fill_mask as fill_mask_lib
 from lmsuite.evaluation import generation_config as generation_lib
 from lmsuite.evaluation import scoring
 from lmsuite.models import ModelConfig, Transformer, families
-from lmsuite.models.config import ABSOLUTE_INPUT_POSITIONS
+from lmsuite.models.inputs import position_limit
 
 PAD_MULTIPLE = 8  # batches are padded to a multiple of this: fewer shapes to compile
 
@@ -175,7 +175,7 @@ class LoadedModel:
     def _inputs(self, rows, decoder_rows=None):
         """Padded (ids, attention mask, token types or None, decoder ids or None)."""
         cfg = self.config
-        limit = cfg.max_positions if cfg.position_type in ABSOLUTE_INPUT_POSITIONS else None
+        limit = position_limit(cfg)  # padding stops at the position table's end
         ids, mask = _padded(rows, pad_id=cfg.pad_id, limit=limit)
         types = np.zeros_like(ids) if cfg.type_vocab_size > 0 else None
         decoder_ids = None

@@ -28,6 +28,7 @@ from lmsuite import partitioning as P
 from lmsuite.evaluation import finetune, squad
 from lmsuite.layers.dense import DenseGeneral, default_kernel_init
 from lmsuite.models import ModelConfig, Transformer, families
+from lmsuite.models.inputs import position_limit
 
 HF_QA_CLASS = "BertForQuestionAnswering"
 
@@ -242,8 +243,11 @@ def finetune_qa(
         )
     if vocab is None:
         raise ValueError(f"{source} has no vocabulary to tokenize questions and contexts with")
-    if max_length > config.max_positions:
-        raise ValueError(f"max_length={max_length} exceeds the model's {config.max_positions}")
+    limit = position_limit(config)  # None: relative positions, any length
+    if limit is not None and max_length > limit:
+        raise ValueError(
+            f"max_length={max_length} exceeds the model's position table of {limit} positions"
+        )
     windows = dict(
         vocab=vocab, max_length=max_length, doc_stride=doc_stride, max_query_length=max_query_length
     )

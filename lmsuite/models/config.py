@@ -259,8 +259,10 @@ class ModelConfig:
 
     @property
     def max_positions(self) -> int:
-        """The longest sequence the position table can index."""
-        if self.position_type in ABSOLUTE_INPUT_POSITIONS:
+        """The longest sequence the position table can index: an absolute table read from
+        row position_offset on (DeBERTa's too, with position_biased_input) has that many fewer."""
+        biased = self.deberta is not None and self.deberta.position_biased_input
+        if self.position_type in ABSOLUTE_INPUT_POSITIONS or biased:
             return self.max_length - self.position_offset
         return self.max_length
 

@@ -42,6 +42,16 @@ def reads_position_table(config: ModelConfig) -> bool:
     return config.position_type in (*ABSOLUTE_INPUT_POSITIONS, "tupe") or biased
 
 
+def position_limit(config: ModelConfig) -> int | None:
+    """The longest sequence the model's position tables can index, or None where no table
+    bounds it (T5's buckets, DeBERTa's clamped distances and XLNet's sinusoids take any length).
+    DeBERTa's enhanced mask decoder adds its own table of max_length absolute positions."""
+    limits = [config.max_positions] if reads_position_table(config) else []
+    if config.deberta is not None and config.deberta.emd_layers > 0:
+        limits.append(config.max_length)
+    return min(limits, default=None)
+
+
 def check_position_ids(config: ModelConfig, position_ids):
     """Range of given position ids (when concrete) where they index the position table."""
     if not (reads_position_table(config) and _is_concrete(position_ids) and position_ids.size):

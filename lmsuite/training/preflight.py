@@ -15,6 +15,7 @@ import seqio
 
 from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig, families
+from lmsuite.models.inputs import position_limit
 from lmsuite.training import recipes
 
 
@@ -163,12 +164,14 @@ def check_run(
         problems.append(f"train_steps must be >= 1, got {train_steps}")
     batch_checks(problems, batch_size, mesh_shape, num_microbatches, devices)
     mesh_checks(problems, mesh_shape, devices)
-    if model_config is not None:
+    limit = None if model_config is None else position_limit(model_config)
+    if limit is not None:  # relative positions (T5, DeBERTa, XLNet) take any length
         for feature in ("input_ids", "targets", "inputs"):
-            if feature in lengths and lengths[feature] > model_config.max_positions:
+            if feature in lengths and lengths[feature] > limit:
                 problems.append(
                     f"sequence_length[{feature!r}] = {lengths[feature]} is longer than the "
-                    f"position table (ModelConfig max_positions = {model_config.max_positions})"
+                    f"position table: {limit} positions (ModelConfig max_length = "
+                    f"{model_config.max_length}, position_offset = {model_config.position_offset})"
                 )
     return found
 

@@ -199,6 +199,12 @@ def test_malformed_squad_names_the_record(dataset, message):
         squad.parse_squad(dataset)
 
 
+def test_a_window_longer_than_the_position_table_is_refused(bert_dir):
+    examples = squad.parse_squad(squad_json(range(2)))
+    with pytest.raises(ValueError, match="max_length=65 exceeds the model's position table of 64"):
+        qa.finetune_qa(bert_dir, train=examples, validation=examples, max_length=65)
+
+
 # ------------------------------------------------------------------------------ windows
 def test_windows_map_answers_back_to_their_characters(bert_dir):
     vocab = lmsuite.load(bert_dir).vocab

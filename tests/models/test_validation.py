@@ -5,9 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lmsuite.models import ModelConfig, Transformer
+from lmsuite.models import DebertaOptions, ModelConfig, Transformer
+from lmsuite.models.inputs import position_limit
 
 TINY = dict(vocab_size=50, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_length=12)
+BIASED = DebertaOptions(position_biased_input=True)  # DeBERTa v1's absolute table on the input
+EMD = dict(
+    position_type="deberta", deberta=DebertaOptions(emd_layers=2), num_layers=2,
+    norm_position="post", final_norm=False,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -82,6 +88,8 @@ def test_bad_inputs_are_named():
         (dict(position_type="sinusoidal", position_offset=2), 10),
         (dict(position_type="tupe"), 12),
         (dict(position_type="learned_relative"), 12),
+        (dict(position_type="deberta", deberta=BIASED), 12),
+        (dict(position_type="deberta", deberta=BIASED, position_offset=2), 10),
     ],
 )
 def test_position_ids_past_the_table_are_named(changes, limit):
@@ -97,6 +105,22 @@ def test_position_ids_past_the_table_are_named(changes, limit):
         apply([0, 1, 2, 3, limit])
     with pytest.raises(ValueError, match=r"position_ids holds -1, outside"):
         apply([-1, 0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "changes,limit",
+    [
+        (dict(), 12),
+        (dict(position_offset=2), 10),
+        (dict(position_type="tupe"), 12),
+        (dict(position_type="deberta", deberta=BIASED, position_offset=2), 10),
+        (dict(position_type="t5_relative"), None),
+        (dict(position_type="deberta", deberta=DebertaOptions()), None),  # clamped distances
+        (EMD, 12),  # the enhanced mask decoder's own table of max_length positions
+    ],
+)
+def test_position_limit_is_the_shortest_table(changes, limit):
+    assert position_limit(ModelConfig(**{**TINY, **changes})) == limit
 
 
 def test_position_ids_of_a_relative_model_index_no_table():
