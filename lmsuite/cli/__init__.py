@@ -35,6 +35,7 @@ from lmsuite.cli.config import (  # noqa: F401  (GIN_DIR, register_configurables
     GIN_DIR,
     ConfigError,
     _nearest,
+    described,
     import_task_modules,
     load_config,
     load_run,
@@ -192,12 +193,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lmsuite", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="lmsuite",
+        description="Pretrain, evaluate, fine-tune and compare BERT-family language models "
+        "(JAX/Flax). `lmsuite COMMAND --help` shows a command's flags.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     formatter = argparse.RawDescriptionHelpFormatter
     train = commands.add_parser(
         "train",
-        help="train from gin files (T5X flags)",
+        **described("train from gin files (T5X flags)"),
         epilog=GIN_EPILOG,
         formatter_class=formatter,
     )
@@ -206,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=run_train)
     pretrain = commands.add_parser(
         "pretrain",
-        help="pretrain on CPU: experiments/default.gin (a small BERT) or another experiment",
+        **described(
+            "pretrain on CPU: experiments/default.gin (a small BERT) or another experiment"
+        ),
         epilog=GIN_EPILOG,
         formatter_class=formatter,
     )
@@ -214,14 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     text_task.add_train_flags(pretrain)
     pretrain.set_defaults(handler=run_pretrain)
     info = commands.add_parser(
-        "info", help="parameter counts (total, embedding, per module), shapes, logical axes"
+        "info", **described("parameter counts (total, embedding, per module), shapes, logical axes")
     )
     info.add_argument("--gin_file", action="append", required=True, help="model gin file(s)")
     info.add_argument("--gin_search_paths", type=lambda s: s.split(","), default=[])
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=run_info)
 
-    vocab = commands.add_parser("vocab", help="train a SentencePiece vocabulary")
+    vocab = commands.add_parser("vocab", **described("train a SentencePiece vocabulary"))
     vocab.add_argument("action", choices=["train"])
     vocab.add_argument("--corpus", default=None, help="an embedded corpus, e.g. wiki_sample")
     text_task.add_vocab_flags(vocab)
@@ -230,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("--seed", type=int, default=0)
     vocab.set_defaults(handler=run_vocab)
 
-    tasks = commands.add_parser("tasks", help="list registered tasks or show decoded examples")
+    tasks = commands.add_parser(
+        "tasks", **described("list registered tasks or show decoded examples")
+    )
     tasks.add_argument("action", choices=["list", "show"])
     tasks.add_argument("name", nargs="?", default=None)
     tasks.add_argument("--n", type=int, default=3, help="examples to show")
@@ -240,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.set_defaults(handler=run_tasks)
 
     recipe_parser = commands.add_parser(
-        "recipes", help="list the recipes (task objective, converter, loss, model) or show one"
+        "recipes",
+        **described("list the recipes (task objective, converter, loss, model) or show one"),
     )
     recipe_parser.add_argument("action", choices=["list", "show"])
     recipe_parser.add_argument("name", nargs="?", default=None)

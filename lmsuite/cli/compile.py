@@ -7,7 +7,7 @@ lmsuite compile --gin_file=experiments/t5_1_1_base.gin --topology=v4-32 [--mesh=
 import json
 import sys
 
-from lmsuite.cli.config import ConfigError, load_config
+from lmsuite.cli.config import ConfigError, described, load_config
 
 GIB = 2**30
 
@@ -31,8 +31,10 @@ def parse_mesh(text: str) -> tuple[int, int, int] | str:
 def add_parser(commands, gin_flags) -> None:
     parser = commands.add_parser(
         "compile",
-        help="compile the train step for a TPU slice on this CPU host: per-chip memory, fits or "
-        "not, projected step time and MFU (needs pip install 'lmsuite[tpu]')",
+        **described(
+            "compile the train step for a TPU slice on this CPU host: per-chip memory, fits or "
+            "not, projected step time and MFU (needs pip install 'lmsuite[tpu]')"
+        ),
     )
     gin_flags(parser, model_dir_required=False)
     parser.add_argument(

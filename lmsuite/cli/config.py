@@ -56,6 +56,12 @@ logging.getLogger().addFilter(_QuietSearchMisses())
 CONFIG_ERROR_EXIT_CODE = 2
 
 
+def described(summary: str) -> dict[str, str]:
+    """A subcommand's `add_parser` texts: the summary in `lmsuite --help`'s list, and as the
+    opening sentence of the command's own `--help` (argparse shows neither there by default)."""
+    return {"help": summary, "description": summary[0].upper() + summary[1:] + "."}
+
+
 class ConfigError(ValueError):
     """Every problem found in a configuration, one per line."""
 

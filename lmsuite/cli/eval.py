@@ -11,7 +11,7 @@ configuration errors (exit code 2), each message naming what exists.
 
 import json
 
-from lmsuite.cli.config import ConfigError
+from lmsuite.cli.config import ConfigError, described
 
 
 def _lengths(text: str) -> dict[str, int]:
@@ -29,7 +29,7 @@ def _lengths(text: str) -> dict[str, int]:
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "eval", help="held-out loss, accuracy and perplexity of a run's checkpoint"
+        "eval", **described("held-out loss, accuracy and perplexity of a run's checkpoint")
     )
     parser.add_argument("--model_dir", required=True, help="an `lmsuite train` run directory")
     parser.add_argument("--task", default=None, help="a registered task (default: the run's)")

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from lmsuite.cli.config import ConfigError
+from lmsuite.cli.config import ConfigError, described
 
 TASKS = ("vader_sentiment", "trec_questions", "glue_tsv", "squad")
 DEFAULT_LEARNING_RATE = {"squad": 5e-5}  # BERT's SQuAD rate; 2e-5 for the classifiers
@@ -26,8 +26,10 @@ DEFAULT_LEARNING_RATE = {"squad": 5e-5}  # BERT's SQuAD rate; 2e-5 for the class
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "finetune",
-        help="fine-tune a pretrained model on a probe (vader_sentiment, trec_questions), a "
-        "GLUE-format TSV or SQuAD-format JSON; writes metrics.json and the parameters",
+        **described(
+            "fine-tune a pretrained model on a probe (vader_sentiment, trec_questions), a "
+            "GLUE-format TSV or SQuAD-format JSON; writes metrics.json and the parameters"
+        ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model_dir", help="an lmsuite run directory (newest checkpoint)")

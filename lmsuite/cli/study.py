@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from statistics import fmean
 
 from lmsuite.cli import study_records as records
-from lmsuite.cli.config import ConfigError
+from lmsuite.cli.config import ConfigError, described
 
 DEFAULT_EXPERIMENTS = (
     "bert_tiny,roberta_tiny,spanbert_tiny,albert_tiny,electra_tiny,xlnet_tiny,unilm_tiny,"
@@ -64,8 +64,10 @@ class Protocol:
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "study",
-        help="pretrain every objective at equal compute (or tokens), fine-tune each on the same "
-        "probes, and report accuracy against FLOPs with ties stated",
+        **described(
+            "pretrain every objective at equal compute (or tokens), fine-tune each on the same "
+            "probes, and report accuracy against FLOPs with ties stated"
+        ),
     )
     parser.add_argument("--experiments", default=DEFAULT_EXPERIMENTS, help="comma-separated")
     parser.add_argument(

@@ -90,6 +90,30 @@ def test_task_batch_and_length_problems_are_listed_together(capsys, tmp_path):
     assert "512 is longer than the position table: 128 positions" in errors[3]
 
 
+COMMANDS = ["train", "pretrain", "info", "vocab", "tasks", "recipes", "compile", "finetune",
+            "eval", "study"]  # fmt: skip
+
+
+def test_the_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "{" + ",".join(COMMANDS) + "}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_command_help_opens_with_what_it_does(command, capsys):
+    """`lmsuite eval --help` says what eval does before its flags (argparse's default shows the
+    summary in `lmsuite --help` only)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args([command, "--help"])
+    assert exit_info.value.code == 0
+    usage, description, *_ = capsys.readouterr().out.split("\n\n")
+    assert usage.startswith(f"usage: lmsuite {command}")
+    assert description[0].isupper() and description.endswith("."), description
+    assert "options:" not in description
+
+
 def test_gin_flags_parse_like_t5x():
     args = cli.parse_args(
         ["train", "--gin_file=a.gin", "--gin_file=b.gin", "--gin.X=1", "--model_dir=/m",
