@@ -13,7 +13,14 @@ PEERS_STAMP := $(PEERS)/.installed
 # host_malloc.py, which `lmsuite train/pretrain` apply to themselves; a test keeps them equal).
 # Benchmarks run with them; the test suite runs with glibc's defaults, as CI did before.
 HOST_MALLOC := MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=67108864
-TEST_ENV := JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS=--xla_force_host_platform_device_count=8
+TEST_XLA_FLAGS := --xla_force_host_platform_device_count=8
+TEST_ENV = JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3 XLA_FLAGS="$(TEST_XLA_FLAGS)"
+# The fast suite compiles far more than it runs (tiny models, a few steps each), and LLVM's
+# optimisation of XLA:CPU's generated code was much of each compile: at -O0 a two-step
+# `lmsuite train` compiles in about half the time. The matmuls are Eigen's library calls either
+# way, and the parity, layer and model tests pass unchanged. The slow suite's twins train for
+# thousands of steps and keep the default. Subprocess tests pass it on (tests/xla_flags.py).
+FAST_SUITE_XLA_FLAGS := --xla_backend_optimization_level=0
 ARGS ?=
 # `make pretrain EXPERIMENT=t5_1_1_tiny` runs lmsuite/gin/experiments/t5_1_1_tiny.gin (model dir runs/<name>).
 EXPERIMENT ?= default
@@ -29,6 +36,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+test: TEST_XLA_FLAGS += $(FAST_SUITE_XLA_FLAGS)
 test: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 

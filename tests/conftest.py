@@ -8,7 +8,8 @@ still run, and the cache key holds the lowered module, the compile options, the 
 jaxlib version, so a hit is the executable that compiling would have produced. Each session gets
 an empty directory (made by the controller before xdist starts its workers, which inherit it),
 so timings do not depend on an earlier run; a `JAX_COMPILATION_CACHE_DIR` already set is used
-as it is, and `LMSUITE_TEST_JAX_CACHE=0` turns the cache off.
+as it is, and `LMSUITE_TEST_JAX_CACHE=0` turns the cache off. `make test` also has XLA:CPU skip
+LLVM's optimisation of the code it generates (the Makefile's `FAST_SUITE_XLA_FLAGS`).
 
 The heaviest files run first. `make test` hands whole files to its two workers in collection order
 (`--dist loadfile`), and tests/training, the heaviest directory, sorts last: a file of several

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from lmsuite.training import metrics
+from tests import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_STEPS = 30
@@ -21,7 +22,7 @@ def env(**extra) -> dict[str, str]:
         PYTHONPATH=str(REPO),
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="3",
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",  # one device: faster on 2 cores
+        XLA_FLAGS=xla_flags.with_devices(1),  # one device: faster on 2 cores
     )
     out.pop("LMSUITE_FAULT_KILL_DURING_SAVE", None)
     out.update(extra)

@@ -62,6 +62,8 @@ def _run_pod(model_dir: Path, attempt: int = 1) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("single")
+    # launch.sh gives the pod's processes XLA_FLAGS of their own (XLA's default compile level,
+    # not the fast suite's): this run matches them
     result = smoke.run(model_dir, REPLICATED, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert result.returncode == 0, result.stderr[-3000:]
     return smoke.losses(model_dir)

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import xla_flags
 from tests.integration.smoke_runs import REPO
 
 
@@ -25,7 +26,7 @@ def _env(devices: int) -> dict[str, str]:
         PYTHONPATH=str(REPO),
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="3",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags.with_devices(devices),
     )
 
 
