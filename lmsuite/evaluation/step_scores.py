@@ -1,10 +1,11 @@
 """The eval_step path of `lmsuite eval`: rows scored as the run's own evaluation scores them.
 
-MLM rows gather their targets (`masked_ids` at `masked_positions`, no "targets" feature), which
-the Evaluator's score path cannot express; these rows, and every row with heads or memory,
-go through the recipe's feature converter, the batches the run's own evaluation reads
-(`input_pipeline.eval_dataset`) and `step.eval_step`, and each label head's held-out labels are
-counted, so a reader can set its accuracy against the majority class.
+Every row whose examples have no "targets" for the Evaluator's score path
+(`evaluate.uses_evaluator`) comes here: MLM rows gather their targets (`masked_ids` at
+`masked_positions`), XLNet's and Transformer-XL's carry memory, the multi-task rows add label
+heads. They go through the recipe's feature converter, the batches the run's own evaluation
+reads (`input_pipeline.eval_dataset`) and `step.eval_step`, and each label head's held-out labels
+are counted, so a reader can set its accuracy against the majority class.
 """
 
 import math
