@@ -120,6 +120,26 @@ def _disk_full(error: BaseException) -> bool:
     return False
 
 
+def _write_replicated_arrays_whole() -> None:
+    """In a single process, Orbax saves each replicated array whole, from one device.
+
+    Orbax's default for jax.Array (replica-parallel saving) divides a replicated array's write
+    among the replicas that hold it, so that on a pod each host writes a part instead of host 0
+    writing all of it. In a single process that one process writes every part anyway, and each
+    part is cut out by a slice compiled for its shape and device: the first save compiles one
+    per replica of every array shape, most of a small model's save, to no end. Multi-process
+    runs keep Orbax's default. What is saved, and how it restores, is the same either way.
+
+    `StandardSave` takes no handler of its own, so this turns the setting off on Orbax's
+    process-wide handler for jax.Array (registering another one would log a warning on stderr).
+    """
+    if jax.process_count() > 1:
+        return
+    registered = ocp.type_handlers.get_type_handler(jax.Array)
+    if getattr(registered, "_use_replica_parallel", False):
+        registered._use_replica_parallel = False
+
+
 class Checkpointer:
     """Saves (asynchronously, one save at a time) and restores TrainState plus the data position.
 
@@ -140,6 +160,7 @@ class Checkpointer:
                 f"{jax.process_count()}: use 0 (saves start in the caller, in step order)"
             )
         self.directory = absolute(directory)  # local or gs://
+        _write_replicated_arrays_whole()
         self._nice = nice
         self._saving: int | None = None  # the step of the save in flight (at most one)
         self._inflight: futures.Future | None = None  # its start, handed to the worker

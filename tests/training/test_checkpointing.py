@@ -35,9 +35,13 @@ def _abstract():
 
 
 def _save_steps(directory, steps, keep=3):
+    _save_steps_of(directory, {step: _state(step) for step in steps}, keep)
+
+
+def _save_steps_of(directory, states, keep=3):
     ckpt = checkpointing.Checkpointer(directory=directory, keep=keep)
-    for step in steps:
-        ckpt.save(step, _state(step), {"batches_consumed": 10 * step})
+    for step, state in states.items():
+        ckpt.save(step, state, {"batches_consumed": 10 * step})
     ckpt.close()
 
 
@@ -230,3 +234,23 @@ def test_a_failed_background_save_is_one_named_error_from_the_next_call(tmp_path
     ckpt.save(3, _state(3), {"batches_consumed": 30})  # the next save goes ahead
     ckpt.close()
     assert checkpointing.Checkpointer(directory=directory).committed_steps() == [1, 3]
+
+
+def test_one_process_writes_replicated_arrays_without_slicing_them(tmp_path, monkeypatch):
+    """Orbax's replica-parallel save cuts a replicated array into one compiled slice per
+    replica, for hosts to write a part each; one process writes every part itself."""
+    sliced = []
+    slice_in_dim = jax.lax.slice_in_dim
+    monkeypatch.setattr(
+        jax.lax, "slice_in_dim", lambda *a, **k: sliced.append(a[0].shape) or slice_in_dim(*a, **k)
+    )
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    assert len(jax.devices()) > 1 and jax.process_count() == 1
+    state = jax.device_put(_state(3), replicated)
+    _save_steps_of(tmp_path / "ckpt", {3: state})
+    assert sliced == []
+    ckpt = checkpointing.Checkpointer(directory=tmp_path / "ckpt")
+    restored, _ = ckpt.restore_latest(_abstract())
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
