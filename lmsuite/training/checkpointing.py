@@ -140,6 +140,50 @@ def _write_replicated_arrays_whole() -> None:
         registered._use_replica_parallel = False
 
 
+def _refuse_other_shapes(step_dir: epath.Path, abstract_state: Any) -> None:
+    """Refuses, before any array is read, a checkpoint whose arrays have other shapes than
+    `abstract_state`'s, naming the first such array and how many differ.
+
+    Orbax would refuse it too, but only while reading, with a message naming no array, and
+    with its other reads abandoned mid-flight. Arrays are matched by their path in the tree
+    (`params/dense/kernel`); paths on one side only, or metadata Orbax cannot read, are left
+    to Orbax's restore to judge.
+    """
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        saved = handler.metadata(step_dir / "state")
+    except Exception:  # a missing or unreadable _METADATA: the restore reports what is wrong
+        return
+    finally:
+        handler.close()
+
+    def shapes(tree) -> dict[str, tuple[int, ...]]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {
+            "/".join(_key_name(k) for k in path): tuple(leaf.shape)
+            for path, leaf in leaves
+            if getattr(leaf, "shape", None) is not None
+        }
+
+    stored, wanted = shapes(saved), shapes(abstract_state)
+    differ = [path for path in wanted if path in stored and stored[path] != wanted[path]]
+    if differ:
+        first = differ[0]
+        others = f" (and {len(differ) - 1} more arrays)" if len(differ) > 1 else ""
+        raise ValueError(
+            f"checkpoint {step_dir} is committed and complete but does not restore into this "
+            f"run's train state (was the model or optimizer changed?): {first} is "
+            f"{stored[first]} in the checkpoint and {wanted[first]} in this run{others}"
+        )
+
+
+def _key_name(key) -> str:
+    for attribute in ("name", "key", "idx"):  # GetAttrKey, DictKey, SequenceKey
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
 class Checkpointer:
     """Saves (asynchronously, one save at a time) and restores TrainState plus the data position.
 
@@ -322,6 +366,7 @@ class Checkpointer:
                     "recorded them): loading it unchecked",
                     file=sys.stderr,
                 )
+            _refuse_other_shapes(step_dir, abstract_state)
             try:
                 restored = self.manager.restore(
                     step,

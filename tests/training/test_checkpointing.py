@@ -183,6 +183,16 @@ def test_complete_checkpoint_of_another_shape_is_an_error_not_a_fallback(tmp_pat
     ckpt = checkpointing.Checkpointer(directory=directory)
     with pytest.raises(ValueError, match="checkpoint .*2 is committed and complete but does not"):
         ckpt.restore_latest(other)
+    with pytest.raises(ValueError) as refused:
+        ckpt.restore_latest(other)
+    assert "params/dense/kernel is (64, 64) in the checkpoint and (8, 8) in this run" in str(
+        refused.value
+    )
+    assert "more arrays" not in str(refused.value)  # the optimizer's state kept its shapes
+    small = {"dense": {"kernel": jnp.zeros((8, 8)), "bias": jnp.ones(3)}}
+    retrained = jax.eval_shape(lambda: _state(0).replace(params=small, opt_state=TX.init(small)))
+    with pytest.raises(ValueError, match=r"\(8, 8\) in this run \(and 2 more arrays\)"):
+        ckpt.restore_latest(retrained)  # Adam's mu and nu of the kernel too
     assert checkpointing.Checkpointer(directory=directory).committed_steps() == [1, 2]
 
 
