@@ -158,10 +158,9 @@ def _refuse_other_shapes(step_dir: epath.Path, abstract_state: Any) -> None:
         handler.close()
 
     def shapes(tree) -> dict[str, tuple[int, ...]]:
-        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
         return {
-            "/".join(_key_name(k) for k in path): tuple(leaf.shape)
-            for path, leaf in leaves
+            jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
             if getattr(leaf, "shape", None) is not None
         }
 
@@ -175,13 +174,6 @@ def _refuse_other_shapes(step_dir: epath.Path, abstract_state: Any) -> None:
             f"run's train state (was the model or optimizer changed?): {first} is "
             f"{stored[first]} in the checkpoint and {wanted[first]} in this run{others}"
         )
-
-
-def _key_name(key) -> str:
-    for attribute in ("name", "key", "idx"):  # GetAttrKey, DictKey, SequenceKey
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
 
 
 class Checkpointer:
