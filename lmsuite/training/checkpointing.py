@@ -189,7 +189,7 @@ class Checkpointer:
     def __init__(self, *, directory: str | epath.PathLike, keep: int | None = 3, nice: int = 0):
         if keep is not None and keep < 2:
             raise ValueError(f"keep must be >= 2 so that a damaged step has a fallback, got {keep}")
-        thread_priority.check(nice, what="checkpoint")
+        thread_priority.check(nice, what="checkpoint nice")
         if nice and jax.process_count() > 1:
             raise ValueError(
                 f"checkpoint nice {nice} needs a single process, this run has "

@@ -9,6 +9,8 @@ import dataclasses
 import math
 from typing import Any
 
+from lmsuite.training import thread_priority
+
 
 class Group:
     def replace(self, **changes):
@@ -21,6 +23,15 @@ def positive_int(problems: list[str], where: str, value: Any, *, zero: bool = Fa
     least = 0 if zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         problems.append(f"{where} must be an integer >= {least}, got {value!r}")
+
+
+def nice_value(problems: list[str], where: str, value: Any) -> None:
+    """Adds a problem unless `value` is None or a thread nice value this host can set."""
+    if value is not None:
+        try:
+            thread_priority.check(value, what=where)
+        except ValueError as error:
+            problems.append(str(error))
 
 
 def is_count(value: Any, least: int = 1) -> bool:

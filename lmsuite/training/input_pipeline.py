@@ -254,7 +254,7 @@ class Prefetcher:
         size: int = 2,
         nice: int = 0,
     ):
-        thread_priority.check(nice, what="input")
+        thread_priority.check(nice, what="input nice")
         self._queue: queue.Queue = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self.wait_seconds = 0.0

@@ -6,7 +6,7 @@ so thread priorities are Linux-only. Used by the input pipeline (tf.data's threa
 checkpoint worker.
 
 Example:
-  >>> check(19, what="input")       # raises off Linux, or outside [0, 19]
+  >>> check(19, what="input nice")  # raises off Linux, or outside [0, 19]
   >>> lower_this_thread(19)         # this thread and the threads it starts from now on
 """
 
@@ -21,13 +21,13 @@ def supported() -> bool:
 
 
 def check(nice: int, *, what: str) -> None:
-    """Raises ValueError, naming `what`, for a nice value outside [0, 19] or > 0 off Linux."""
-    if not 0 <= nice <= 19:
-        raise ValueError(f"{what} nice value must be in [0, 19], got {nice}")
+    """Raises ValueError, naming `what` (e.g. "input nice"), for a nice value that is not an
+    integer in [0, 19], or is > 0 off Linux."""
+    if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+        raise ValueError(f"{what} must be an integer in [0, 19], got {nice!r}")
     if nice and not supported():
         raise ValueError(
-            f"{what} nice {nice} needs Linux (per-thread priorities); this is {sys.platform}: "
-            "use nice=0"
+            f"{what} {nice} needs Linux (per-thread priorities); this is {sys.platform}: use 0"
         )
 
 

@@ -36,7 +36,7 @@ from lmsuite.data import mixtures
 from lmsuite.data import stages as stages_lib
 from lmsuite.models import ModelConfig
 from lmsuite.training import checkpointing, input_pipeline, preflight, recipes
-from lmsuite.training.config_group import Group, finite_rate, is_count, positive_int
+from lmsuite.training.config_group import Group, finite_rate, is_count, nice_value, positive_int
 from lmsuite.training.optimizer_config import OptimizerConfig, ScheduleConfig
 
 # `DataConfig.data_change`: how a resume's data position follows a changed batch, task or
@@ -122,6 +122,7 @@ class DataConfig(Group):
         positive_int(out, "data.eval_batches", self.eval_batches)
         if self.input_threads is not None:
             positive_int(out, "data.input_threads", self.input_threads)
+        nice_value(out, "data.input_nice", self.input_nice)
         if self.input_sharding not in input_pipeline.INPUT_SHARDINGS:
             out.append(
                 f"data.input_sharding must be one of {input_pipeline.INPUT_SHARDINGS}, got "
@@ -269,6 +270,7 @@ class CheckpointConfig(Group):
                 out.append(str(error))
         positive_int(out, "checkpointing.every", self.every)
         positive_int(out, "checkpointing.keep", self.keep)
+        nice_value(out, "checkpointing.nice", self.nice)
         return out
 
 

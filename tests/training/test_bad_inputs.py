@@ -57,6 +57,8 @@ CASES = [
     ((*SMOKE, "--gin.WEIGHT_DECAY='x'"), "got 'x'"),
     ((*SMOKE, "--gin.train.eval_split='nope'"), "one of ['train', 'validation'], got 'nope'"),
     ((*SMOKE, "--gin.train.input_threads=0"), "data.input_threads must be an integer >= 1"),
+    ((*SMOKE, "--gin.train.input_nice='19'"), "data.input_nice must be an integer in [0, 19]"),
+    ((*SMOKE, "--gin.train.checkpoint_nice=20"), "checkpointing.nice must be an integer in"),
     ((*SMOKE, "--gin.ModelConfig.d_model=0"), "ModelConfig.d_model must be a positive int, got 0"),
     ((*SMOKE, "--gin.OPTIMIZER='sgdx'"), "got 'sgdx'"),
     ((*SMOKE, "--gin.SCHEDULE='exp'"), "got 'exp'"),

@@ -136,7 +136,7 @@ def test_niced_prefetcher_runs_tf_data_below_the_step_and_keeps_the_batches():
     for a, b in zip(got, expected, strict=True):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
-    with pytest.raises(ValueError, match="nice value must be in \\[0, 19\\], got -5"):
+    with pytest.raises(ValueError, match="input nice must be an integer in \\[0, 19\\], got -5"):
         input_pipeline.Prefetcher([], shardings, nice=-5)
 
 

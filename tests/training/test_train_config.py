@@ -95,10 +95,15 @@ def test_bad_values_are_each_named_with_what_was_expected(tmp_path):
     good = _smoke(tmp_path / "run")
     bad = good.replace(
         data=good.data.replace(
-            batch_size=0, input_sharding="sideways", sequence_length={"input_ids": 64}
+            batch_size=0,
+            input_sharding="sideways",
+            sequence_length={"input_ids": 64},
+            input_nice=-1,
         ),
         trainer=good.trainer.replace(mesh_shape=(2, 1), log_every=0, train_steps=0),
-        checkpointing=good.checkpointing.replace(model_dir=str(tmp_path / "a_file"), keep=0),
+        checkpointing=good.checkpointing.replace(
+            model_dir=str(tmp_path / "a_file"), keep=0, nice="19"
+        ),
     )
     with pytest.raises(InvalidRunError) as error:
         bad.validate()
@@ -106,10 +111,12 @@ def test_bad_values_are_each_named_with_what_was_expected(tmp_path):
     expected = [
         "data.batch_size must be an integer >= 1, got 0",
         "data.input_sharding must be one of ('source', 'replicated'), got 'sideways'",
+        "data.input_nice must be an integer in [0, 19], got -1",
         "trainer.mesh_shape must be three integers (data, fsdp, tensor; one may be -1), got (2, 1)",
         "trainer.log_every must be an integer >= 1, got 0",
         "checkpointing.model_dir",  # names the file: a run is a directory
         "checkpointing.keep must be an integer >= 1, got 0",
+        "checkpointing.nice must be an integer in [0, 19], got '19'",
         "needs sequence_length keys ['input_ids', 'masked_ids'], got ['input_ids']",
         "train_steps must be >= 1, got 0",
     ]
