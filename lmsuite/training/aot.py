@@ -20,6 +20,7 @@ against every device's peak over that time.
 import functools
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -40,6 +41,9 @@ from lmsuite.training import (
 )
 from lmsuite.training.compile_report import CompileReport, device_bytes, refused_for_hbm
 from lmsuite.training.train_state import sharded_abstract_state
+
+# The start of JAX's warning for a persistent-cache entry it cannot load (`compile_train_step`).
+UNREADABLE_CACHE_ENTRY = "Error reading persistent compilation cache entry"
 
 
 @functools.cache
@@ -245,7 +249,13 @@ def compile_train_step(
         shapes_task=shapes_from,
     )
     try:
-        compiled = lowered.compile()
+        with warnings.catch_warnings():
+            # With a persistent compilation cache (JAX_COMPILATION_CACHE_DIR), a step compiled
+            # before is found there, but a topology's compiler cannot load an executable: JAX
+            # warns "Error reading persistent compilation cache entry ... PjRtCompiler must be
+            # constructed with a Client" and compiles it again, which is all there is to do.
+            warnings.filterwarnings("ignore", UNREADABLE_CACHE_ENTRY, UserWarning)
+            compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as error:
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise
