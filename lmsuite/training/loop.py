@@ -10,7 +10,10 @@ import dataclasses
 import json
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +178,10 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
     )
     dropout_rng = step.dropout_key(trainer.seed + 1, trainer.prng_impl)
     evaluate = _evaluator(data, built, eval_step, batch_sharding, carry_shapes, state_shardings)
+    batch_specs = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
+        for k, v in batch_shapes.items()
+    }
 
     # ----------------------------------------------------------------------------- loop
     report_step = StepLog(
@@ -188,13 +195,18 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
         log.write(0, {"data/stage": 1})
     preempted = _PreemptionNotice()
     try:
+        if start_step < trainer.train_steps:
+            # Compiled while the input pipeline reads its first batch rather than after it;
+            # the jit's first call finds the executable.
+            lowered = train_step.lower(state, batch_specs, dropout_rng)
+            compiled = _compile_in_background(lowered)
         pending = None  # (step, metrics) not yet read back
         for current in range(start_step, trainer.train_steps):
             batch = next(batches)
             if report_step.flops_per_step is None:
+                compiled()  # raises the compile's error, if any
                 report_step.flops_per_step = report.lowered_flops(
-                    train_step.lower(state, batch, dropout_rng),
-                    loop_trips=trainer.num_microbatches,
+                    lowered, loop_trips=trainer.num_microbatches
                 ) or report.train_flops(state.params, batch, built.objective)
             state, metrics = train_step(state, batch, dropout_rng)
             done = current + 1
@@ -333,6 +345,33 @@ def _restore(ckpt: checkpointing.Checkpointer, state, state_shardings):
         return state, 0
     state, position = restored
     return state, position["batches_consumed"]
+
+
+def _compile_in_background(lowered) -> Callable[[], Any]:
+    """Starts `lowered.compile()` on a daemon thread; returns a function that waits for it and
+    returns the executable or raises the compile's error.
+
+    XLA compiles without the GIL, so the input pipeline's threads read on meanwhile. A daemon
+    thread, because a run stopped by a data error must not wait for the compile to exit.
+    """
+    result: dict[str, Any] = {}
+
+    def run():
+        try:
+            result["compiled"] = lowered.compile()
+        except BaseException as error:  # handed to the caller
+            result["error"] = error
+
+    thread = threading.Thread(target=run, name="compile", daemon=True)
+    thread.start()
+
+    def wait():
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result["compiled"]
+
+    return wait
 
 
 def _evaluator(data, built, eval_step, batch_sharding, carry_shapes, state_shardings):

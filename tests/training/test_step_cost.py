@@ -1,11 +1,14 @@
 """`step_cost`: a run's step FLOPs (XLA's count) and tokens, before it trains."""
 
+import jax
 import pytest
 
 import lmsuite
-from lmsuite.training import report
+from lmsuite.training import input_pipeline, report
 from lmsuite.training.step_cost import step_cost
 
+# JAX's event for a jit function's lowering to MLIR (one per lowering, with the function's name).
+LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 SMALL = {
     "TRAIN_STEPS": 1,
     "WARMUP_STEPS": 0,
@@ -34,8 +37,28 @@ def test_the_count_is_the_one_the_training_loop_reports(tmp_path, monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(report, "lowered_flops", spy)
-    lmsuite.train(run)
+    # The loop lowers its step from the batch's shapes before it takes the first batch (the
+    # compile overlaps the input pipeline's start), and its first call reuses that lowering
+    # and its executable: a call that lowered again would compile again.
+    order = []
+    next_batch = input_pipeline.Prefetcher.__next__
+
+    def lowered_event(event, seconds, **kwargs):
+        if event == LOWERING_EVENT and kwargs.get("fun_name") == "jit(train_step)":
+            order.append("train_step lowered")
+
+    def spied_next(self):
+        order.append("batch taken")
+        return next_batch(self)
+
+    monkeypatch.setattr(input_pipeline.Prefetcher, "__next__", spied_next)
+    jax.monitoring.register_event_duration_secs_listener(lowered_event)
+    try:
+        lmsuite.train(run)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(lowered_event)
     assert seen and seen[0] == expected.flops
+    assert order == ["train_step lowered", "batch taken"], order  # TRAIN_STEPS 1
 
 
 @pytest.mark.parametrize(
