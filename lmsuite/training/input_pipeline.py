@@ -199,13 +199,15 @@ def default_input_nice() -> int:
     return 19 if jax.default_backend() == "cpu" else 0
 
 
-def _start_niced(local_batches, nice: int):
-    """An iterator over `local_batches` whose tf.data threads run at `nice`.
+def _start_niced(local_batches, nice: int, stop: threading.Event):
+    """An iterator over `local_batches` whose tf.data threads run at `nice`; empty if `stop` is
+    set before the first batch is read.
 
     A helper thread lowers its own priority (Linux schedules threads individually; a thread
     inherits its creator's nice value), creates the iterator and reads the first batch, which
     starts tf.data's threads. The caller keeps its priority: it holds the GIL while it converts
-    batches, and a niced GIL holder would stall the training thread's dispatch.
+    batches, and a niced GIL holder would stall the training thread's dispatch. The caller
+    polls `stop` meanwhile, so that a run stopping during a slow first batch is not held.
     """
     if not isinstance(local_batches, tf.data.Dataset):
         return iter(local_batches)
@@ -224,7 +226,10 @@ def _start_niced(local_batches, nice: int):
 
     helper = threading.Thread(target=start, name="prefetch-start", daemon=True)
     helper.start()
-    helper.join()
+    while helper.is_alive():
+        if stop.is_set():
+            return iter(())
+        helper.join(timeout=0.1)
     if "error" in started:
         raise started["error"]
     return itertools.chain(started["first"], started["iterator"])
@@ -265,7 +270,7 @@ class Prefetcher:
 
     def _fill(self, local_batches, shardings, nice):
         try:
-            local_batches = _start_niced(local_batches, nice)
+            local_batches = _start_niced(local_batches, nice, self._stop)
             for local in local_batches:
                 item = to_global(local, shardings)
                 while not self._stop.is_set():

@@ -196,6 +196,30 @@ def test_niced_prefetcher_raises_an_error_from_the_first_batch():
     prefetcher.close()
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_a_run_stopping_during_a_slow_first_batch_closes_the_prefetcher_at_once():
+    # A run that fails (or is interrupted) while tf.data still reads its first batch: close()
+    # ends the prefetch thread, where it used to sit joining the niced helper until its join
+    # timed out and leave the thread behind.
+    release = threading.Event()
+
+    def rows():
+        release.wait(timeout=60)
+        yield {"x": np.ones(1, np.float32)}
+
+    slow = tf.data.Dataset.from_generator(
+        rows, output_signature={"x": tf.TensorSpec([1], tf.float32)}
+    )
+    mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+    shardings = {"x": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
+    prefetcher = input_pipeline.Prefetcher(slow, shardings, nice=19)
+    try:
+        prefetcher.close()
+        assert not release.is_set() and not prefetcher._thread.is_alive()
+    finally:
+        release.set()  # lets the helper's read end
+
+
 def test_thread_priorities_only_on_linux(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "platform", "darwin")
     assert input_pipeline.default_input_nice() == 0
