@@ -217,7 +217,8 @@ def test_niced_save_copies_the_state_so_donation_cannot_corrupt_it(tmp_path):
     assert data == {"batches_consumed": 20}
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(_state(2)), strict=True):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match=r"nice must be an integer in \[0, 19\], got 20"):
+    nice_20 = r"checkpoint nice must be an integer in \[0, 19\], got 20"
+    with pytest.raises(ValueError, match=nice_20):
         checkpointing.Checkpointer(directory=tmp_path / "x", nice=20)
 
 
