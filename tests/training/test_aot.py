@@ -2,6 +2,7 @@
 compile-only devices), its per-device argument bytes equal to the state's and batch's shards
 summed independently from their shardings, and bad input stopped before anything compiles."""
 
+import functools
 import json
 
 import jax
@@ -22,6 +23,14 @@ def _arguments(experiment: str, topology: str, *bindings: str) -> dict:
     return cli.load_config(
         args, need_data=False, devices=accelerators.get(topology).num_devices
     )  # fmt: skip
+
+
+@functools.cache
+def _data_parallel_step(experiment: str, topology: str) -> tuple[dict, aot.CompileReport]:
+    """(the compile arguments, the compiled step) of `experiment`'s data-parallel step, compiled
+    once per worker: a TPU compile takes 10-20 s here and two tests read T5 1.1's."""
+    kwargs = _arguments(experiment, topology)
+    return kwargs, aot.compile_train_step(accelerator=topology, **kwargs)
 
 
 def _shard_bytes(shapes, shardings, layouts=None) -> int:
@@ -102,8 +111,7 @@ def _expected_argument_bytes(kwargs, topology, mesh_shape, compiled=None) -> tup
     ],
 )
 def test_argument_bytes_are_the_shards_of_state_and_batch(topology, experiment):
-    kwargs = _arguments(experiment, topology)
-    found = aot.compile_train_step(accelerator=topology, **kwargs)
+    kwargs, found = _data_parallel_step(experiment, topology)
     assert found.num_devices == accelerators.get(topology).num_devices
     padded, unpadded = _expected_argument_bytes(kwargs, topology, (-1, 1, 1), found.compiled)
     assert found.argument_bytes == padded
@@ -133,8 +141,7 @@ def test_a_mixture_run_compiles_the_step_it_trains():
 
 
 def test_fsdp_shards_the_state_across_devices():
-    kwargs = _arguments("t5_1_1_tiny", "v4-8")
-    data = aot.compile_train_step(accelerator="v4-8", **kwargs)
+    kwargs, data = _data_parallel_step("t5_1_1_tiny", "v4-8")
     fsdp = aot.compile_train_step(accelerator="v4-8", **dict(kwargs, mesh_shape=(1, 4, 1)))
     padded, _ = _expected_argument_bytes(kwargs, "v4-8", (1, 4, 1), fsdp.compiled)
     assert fsdp.argument_bytes == padded
