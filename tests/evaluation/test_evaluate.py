@@ -29,17 +29,34 @@ BATCH, EVAL_BATCHES = 8, 2
 
 
 @pytest.fixture(scope="module")
-def mlm_run(tmp_path_factory):
+def mlm_training(tmp_path_factory):
+    """(the run's directory, the splits its held-out pipelines were built from). The run
+    evaluates after each of its two steps: the second evaluation reads the batches the first
+    kept, and `lmsuite eval` builds them afresh."""
     model_dir = tmp_path_factory.mktemp("eval") / "bert"
     argv = train_argv(
         recipes.RECIPES["bert_mlm"],
         "bert_tiny",
         model_dir,
         f"--gin.train.eval_batches={EVAL_BATCHES}",
+        "--gin.train.eval_every=1",
         "--gin.LEARNING_RATE=3e-3",
     )
-    assert cli.main(argv) == 0
-    return str(model_dir)
+    built, eval_dataset = [], input_pipeline.eval_dataset
+
+    def counted(**kwargs):
+        built.append(kwargs["split"])
+        return eval_dataset(**kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(input_pipeline, "eval_dataset", counted)
+        assert cli.main(argv) == 0
+    return str(model_dir), built
+
+
+@pytest.fixture(scope="module")
+def mlm_run(mlm_training):
+    return mlm_training[0]
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +89,11 @@ def test_eval_writes_the_json_and_tensorboard_scalars_at_the_checkpoint_step(mlm
     assert found["perplexity"] == pytest.approx(math.exp(found["loss"]), rel=1e-9)
 
 
-def test_eval_equals_the_runs_own_held_out_figures(mlm_run, mlm_eval):
+def test_eval_equals_the_runs_own_held_out_figures(mlm_training, mlm_eval):
+    mlm_run, built = mlm_training
     held_out = [r for r in metrics.read_jsonl(f"{mlm_run}/metrics.jsonl") if "eval/loss" in r]
-    assert held_out and held_out[-1]["step"] == 2
+    assert [r["step"] for r in held_out] == [1, 2]
+    assert built == ["validation"]  # once: step 2's evaluation read the batches step 1's kept
     for key in ("eval/loss", "eval/mlm_loss", "eval/mlm_accuracy"):
         assert mlm_eval["metrics"][key] == pytest.approx(held_out[-1][key], rel=1e-6), key
 
