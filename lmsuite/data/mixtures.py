@@ -101,6 +101,7 @@ def mixed_examples(
     example_task: bool = False,
     label_fill: Mapping[str, bool] | None = None,
     task_rates: Mapping[str, float] | None = None,
+    task_features: dict[str, frozenset[str]] | None = None,
 ) -> tf.data.Dataset:
     """The examples of mixture `name` sampled at its rates, tagged (see the module docstring).
 
@@ -108,6 +109,10 @@ def mixed_examples(
     a multi-task row's tasks each carry their own labels (`lmsuite.objectives.labels`).
     `task_rates` (task -> rate) samples only those tasks of the mixture, at those rates (a stage of
     a continual schedule, `lmsuite.data.stages`); task ids and features stay the mixture's.
+    `task_features` (task -> its tagged examples' feature names) is a memo shared by calls with
+    the same split, lengths, `along`, `label_fill` and `example_task` (the stages of one
+    schedule): a task left out of `task_rates` whose features it holds is not built, since
+    building a task's preprocessing graph is most of a mixture's start-up cost.
 
     Raises:
       ValueError: `name` is not a mixture, no task has `split`, a feature of `along` is missing
@@ -124,8 +129,11 @@ def mixed_examples(
         unknown = sorted(set(task_rates) - set(index))
         if unknown:
             raise ValueError(f"{unknown} are not tasks of mixture {name!r}: {sorted(index)}")
-    datasets = []
+    known = {} if task_features is None else task_features
+    datasets = {}
     for task in tasks:
+        if task_rates is not None and task.name not in task_rates and task.name in known:
+            continue  # only its features are needed
         ds = task.get_dataset(
             dict(sequence_length),
             split=split,
@@ -142,18 +150,22 @@ def mixed_examples(
             )
         if label_fill:
             ds = ds.map(_filler(label_fill))
-        datasets.append(ds.map(_tagger(index[task.name], along, example_task)))
-    shared = set.intersection(*(set(ds.element_spec) for ds in datasets))
-    datasets = [ds.map(lambda ex, keep=shared: {k: ex[k] for k in keep}) for ds in datasets]
-    # SeqIO's choice: the given seed, else unseeded when shuffling, else 42.
-    sample_seed = seed if seed is not None else (None if shuffle else 42)
-    weights = [float(mixture.get_rate(t)) for t in tasks]
-    if task_rates is not None:  # the features stay every task's shared ones, whatever is sampled
-        chosen = [i for i, t in enumerate(tasks) if t.name in task_rates]
+        datasets[task.name] = ds.map(_tagger(index[task.name], along, example_task))
+        known[task.name] = frozenset(datasets[task.name].element_spec)
+    # the features stay every task's shared ones, whatever is sampled
+    shared = frozenset.intersection(*(known[t.name] for t in tasks))
+    if task_rates is None:
+        chosen, weights = tasks, [float(mixture.get_rate(t)) for t in tasks]
+    else:
+        chosen = [t for t in tasks if t.name in task_rates]
         if not chosen:
             raise ValueError(f"no task of {sorted(task_rates)} has a {split!r} split")
-        datasets = [datasets[i] for i in chosen]
-        weights = [float(task_rates[tasks[i].name]) for i in chosen]
+        weights = [float(task_rates[t.name]) for t in chosen]
+    datasets = [
+        datasets[t.name].map(lambda ex, keep=shared: {k: ex[k] for k in keep}) for t in chosen
+    ]
+    # SeqIO's choice: the given seed, else unseeded when shuffling, else 42.
+    sample_seed = seed if seed is not None else (None if shuffle else 42)
     return tf.data.Dataset.sample_from_datasets(
         datasets, weights=weights, seed=sample_seed, stop_on_empty_dataset=True
     )
@@ -172,10 +184,12 @@ def get_dataset(
     seed: int | None = None,
     label_fill: Mapping[str, bool] | None = None,
     task_rates: Mapping[str, float] | None = None,
+    task_features: dict[str, frozenset[str]] | None = None,
 ) -> tf.data.Dataset:
     """`seqio.get_dataset` for a task; for a mixture its `mixed_examples` (tagged along `along`;
     None: untagged) through `feature_converter`, which must then pass `task_ids` through.
-    `label_fill` as in `mixed_examples`, for a task too; `task_rates` as there (mixtures only)."""
+    `label_fill` as in `mixed_examples`, for a task too; `task_rates` and `task_features` as
+    there (mixtures only)."""
     if task_rates is not None and not is_mixture(name):
         raise ValueError(f"task rates {dict(task_rates)} need a mixture; {name!r} is a task")
     if not is_mixture(name) and label_fill:
@@ -212,6 +226,7 @@ def get_dataset(
         along=along or (),
         label_fill=label_fill,
         task_rates=task_rates,
+        task_features=task_features,
     )
     lengths = dict(task_feature_lengths)
     if along:

@@ -143,9 +143,13 @@ def staged(
     Example: starts (0, 2), skip_batches 3 -> stage 1's batches from its second: global batch 3.
     """
     first = stage_index(stages, skip_batches)
+    # Built last stage first: a stage keeps the tasks of the stages before it, so the later
+    # stage's pipeline has built every task an earlier one leaves out, and a memo of their
+    # features (`mixtures.mixed_examples`) spares the earlier stages building them again.
+    built = {i: batches(i, stages[i].rates) for i in reversed(range(first, len(stages)))}
     dataset = None
     for i in range(first, len(stages)):
-        ds = batches(i, stages[i].rates)
+        ds = built[i]
         if i == first and skip_batches > stages[i].start:
             ds = ds.skip(skip_batches - stages[i].start)
         if i + 1 < len(stages):

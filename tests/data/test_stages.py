@@ -89,7 +89,7 @@ def test_a_resume_builds_no_stage_before_its_own():
 
     stages = stages_lib.as_stages([(0, {"a": 1}), (3, {"a": 1}), (5, {"a": 1})])
     stages_lib.staged(stages, batches, skip_batches=4)
-    assert built == [1, 2]
+    assert sorted(built) == [1, 2]
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +97,25 @@ def _tasks():
     import lmsuite.data.tasks  # noqa: F401
 
 
-def test_a_staged_mixture_samples_only_its_stage_tasks_and_keeps_the_mixture_ids(_tasks):
+def test_a_staged_mixture_samples_only_its_stage_tasks_and_keeps_the_mixture_ids(
+    _tasks, monkeypatch
+):
     """wiki_sample_seq2seq_mixture's tasks (sorted: iid_denoising 1, prefix_lm 2, span 3): stage
-    0 samples prefix LM alone, stage 1 adds span corruption at 3:1; ids stay the mixture's."""
+    0 samples prefix LM alone, stage 1 adds span corruption at 3:1; ids stay the mixture's. Each
+    task's pipeline is built for each stage that samples it, and a task no stage samples once,
+    for its features."""
+    import seqio
+
     from lmsuite.training import input_pipeline, recipes
+
+    built_tasks = []
+    get_dataset = seqio.Task.get_dataset
+
+    def counted(task, *args, **kwargs):
+        built_tasks.append(task.name)
+        return get_dataset(task, *args, **kwargs)
+
+    monkeypatch.setattr(seqio.Task, "get_dataset", counted)
 
     mixture = "wiki_sample_seq2seq_mixture"
     lengths = {"inputs": 32, "targets": 8}
@@ -129,6 +144,12 @@ def test_a_staged_mixture_samples_only_its_stage_tasks_and_keeps_the_mixture_ids
         )
 
     got = [b["task_ids"] for b in batches(0).take(10).as_numpy_iterator()]
+    assert sorted(built_tasks) == [
+        "wiki_sample_iid_denoising",
+        "wiki_sample_prefix_lm",
+        "wiki_sample_prefix_lm",
+        "wiki_sample_t5_span_corruption",
+    ]
     first = np.unique(np.concatenate([ids.ravel() for ids in got[:4]]))
     assert set(first) - {0} == {2}, first  # 0: padding
     later = np.concatenate([ids.ravel() for ids in got[4:]])
