@@ -371,7 +371,8 @@ def run_pretrain(args):
     )
     print(f"  loss curve:   {png}")
     if run.data.stages:
-        print(pretrain_report.stage_text(model_dir))
+        trained = pretrain_report.trained_before_stages(run, built)
+        print(pretrain_report.stage_text(model_dir, trained))
     held = result.eval_metrics
     accuracy_key, entropy_key = (f"eval/{k}" for k in built.objective.learning_metrics)
     what = built.objective.prediction_name

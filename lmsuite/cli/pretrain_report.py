@@ -148,22 +148,55 @@ def _rtd_line(held: dict, held_out) -> str:
     )
 
 
-def stage_text(model_dir) -> str:
+def trained_before_stages(run, built) -> dict[int, frozenset[str]]:
+    """Stage (1-based, from 2) -> the held-out accuracies trained before it began: the
+    objective's prediction (every row of the mixture trains it, as ERNIE 2.0's MLM) and the
+    label heads of the tasks the stage before sampled (`mixtures.task_features`)."""
+    from lmsuite.data import mixtures
+
+    features = mixtures.task_features(run.data.task, sequence_length=run.data.sequence_length)
+    prediction = f"eval/{built.objective.learning_metrics[0]}"
+    out = {}
+    for i in range(1, len(run.data.stages)):
+        labels = {f for task in run.data.stages[i - 1].rates for f in features.get(task, ())}
+        heads = {
+            f"eval/{metric}" for metric, label in built.objective.label_metrics if label in labels
+        }
+        out[i + 1] = frozenset({prediction, *heads})
+    return out
+
+
+def _accuracy_name(metric: str) -> str:
+    return metric.removeprefix("eval/").removesuffix("_accuracy").replace("_", " ")
+
+
+def stage_text(model_dir, trained: dict[int, frozenset[str]] | None = None) -> str:
     """A staged run's held-out accuracies across its stages: stages.png beside metrics.jsonl,
-    and how far each fell, at its lowest, after each later stage began."""
+    and how far each fell, at its lowest, after each later stage began; with `trained`
+    (`trained_before_stages`), only the accuracies trained before it, the others named."""
     from lmsuite.training import metrics, report
 
     records = metrics.read_jsonl(model_dir / "metrics.jsonl")
     png = model_dir / "stages.png"
     report.plot_stages(records, png)
     lines = [f"  stages:       {png}"]
-    for change in report.stage_changes(records):
-        name = change.metric.removeprefix("eval/").removesuffix("_accuracy").replace("_", " ")
+    changes = report.stage_changes(records, trained)
+    for change in changes:
         lines.append(
-            f"held-out {name} accuracy when stage {change.stage} began (step {change.step:,}): "
-            f"{change.before:.4f}; lowest after: {change.lowest_after:.4f} "
-            f"(fall {change.fall:+.4f})"
+            f"held-out {_accuracy_name(change.metric)} accuracy when stage {change.stage} began "
+            f"(step {change.step:,}): {change.before:.4f}; lowest after: "
+            f"{change.lowest_after:.4f} (fall {change.fall:+.4f})"
         )
+    if trained is not None:
+        every = {c.metric for c in report.stage_changes(records)}
+        for step, stage in report.stage_starts(records):
+            untrained = sorted(every - set(trained.get(stage, ())))
+            if untrained:
+                names = ", ".join(_accuracy_name(m) for m in untrained)
+                lines.append(
+                    f"not compared at stage {stage} (step {step:,}), their tasks had not trained "
+                    f"yet: {names}"
+                )
     return "\n".join(lines)
 
 

@@ -50,6 +50,26 @@ def rates(name: str) -> dict[str, float]:
     return {task: rate / total for task, rate in raw.items()}
 
 
+def task_features(
+    name: str, *, sequence_length: Mapping[str, int], split: str = "train"
+) -> dict[str, frozenset[str]]:
+    """Each task of mixture `name` with `split` -> the features of its own examples (before
+    `mixed_examples` adds the labels its task lacks), from each task's `element_spec`: its
+    preprocessing graph is built, nothing is read.
+
+    Example: an NSP task and a SOP task -> {nsp: {..., "next_sentence_label"},
+    sop: {..., "sentence_order_label"}}.
+    """
+    mixture = seqio.get_mixture_or_task(name)
+    return {
+        task.name: frozenset(
+            task.get_dataset(dict(sequence_length), split=split, shuffle=False).element_spec
+        )
+        for task in mixture.tasks
+        if split in task.splits
+    }
+
+
 def task_ids_length(sequence_length: Mapping[str, int], along: Sequence[str]) -> int:
     """The length of `task_ids`: the summed lengths of the features it runs along."""
     missing = [f for f in along if f not in sequence_length]

@@ -220,6 +220,13 @@ def test_label_fill_gives_each_example_only_its_own_tasks_labels(tiny_vocab):
             assert ex["capital"].shape == ex["input_ids"].shape and set(ex["capital"]) == {-1}
             seen.add(task)
         assert seen == set(names)
+        own = mixtures.task_features(
+            "test_labels_mix", sequence_length={"input_ids": 64, "masked_ids": 10}
+        )
+        labels = {t: f & {"next_sentence_label", "sentence_order_label"} for t, f in own.items()}
+        assert labels == {
+            t: {"next_sentence_label" if "nsp" in t else "sentence_order_label"} for t in names
+        }
     finally:
         seqio.MixtureRegistry.remove("test_labels_mix")
         for task in names:
