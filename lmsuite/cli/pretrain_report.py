@@ -180,7 +180,9 @@ def stage_text(model_dir, trained: dict[int, frozenset[str]] | None = None) -> s
     png = model_dir / "stages.png"
     report.plot_stages(records, png)
     lines = [f"  stages:       {png}"]
-    changes = report.stage_changes(records, trained)
+    # A head whose task had not trained yet sits near chance: its "fall" says nothing.
+    every = report.stage_changes(records)
+    changes = [c for c in every if trained is None or c.metric in trained.get(c.stage, ())]
     for change in changes:
         lines.append(
             f"held-out {_accuracy_name(change.metric)} accuracy when stage {change.stage} began "
@@ -188,9 +190,10 @@ def stage_text(model_dir, trained: dict[int, frozenset[str]] | None = None) -> s
             f"{change.lowest_after:.4f} (fall {change.fall:+.4f})"
         )
     if trained is not None:
-        every = {c.metric for c in report.stage_changes(records)}
         for step, stage in report.stage_starts(records):
-            untrained = sorted(every - set(trained.get(stage, ())))
+            untrained = sorted(
+                {c.metric for c in every if c.stage == stage} - set(trained.get(stage, ()))
+            )
             if untrained:
                 names = ", ".join(_accuracy_name(m) for m in untrained)
                 lines.append(

@@ -50,21 +50,26 @@ def rates(name: str) -> dict[str, float]:
     return {task: rate / total for task, rate in raw.items()}
 
 
+def example_spec(
+    task: seqio.Task, sequence_length: Mapping[str, int], split: str = "train"
+) -> dict[str, tf.TensorSpec]:
+    """The features of `task`'s examples (its `element_spec`): its preprocessing graph is built,
+    nothing is read."""
+    return dict(task.get_dataset(dict(sequence_length), split=split, shuffle=False).element_spec)
+
+
 def task_features(
     name: str, *, sequence_length: Mapping[str, int], split: str = "train"
 ) -> dict[str, frozenset[str]]:
     """Each task of mixture `name` with `split` -> the features of its own examples (before
-    `mixed_examples` adds the labels its task lacks), from each task's `element_spec`: its
-    preprocessing graph is built, nothing is read.
+    `mixed_examples` adds the labels its task lacks; `example_spec`).
 
     Example: an NSP task and a SOP task -> {nsp: {..., "next_sentence_label"},
     sop: {..., "sentence_order_label"}}.
     """
     mixture = seqio.get_mixture_or_task(name)
     return {
-        task.name: frozenset(
-            task.get_dataset(dict(sequence_length), split=split, shuffle=False).element_spec
-        )
+        task.name: frozenset(example_spec(task, sequence_length, split))
         for task in mixture.tasks
         if split in task.splits
     }
@@ -121,7 +126,7 @@ def mixed_examples(
     example_task: bool = False,
     label_fill: Mapping[str, bool] | None = None,
     task_rates: Mapping[str, float] | None = None,
-    task_features: dict[str, frozenset[str]] | None = None,
+    known_features: dict[str, frozenset[str]] | None = None,
 ) -> tf.data.Dataset:
     """The examples of mixture `name` sampled at its rates, tagged (see the module docstring).
 
@@ -129,7 +134,7 @@ def mixed_examples(
     a multi-task row's tasks each carry their own labels (`lmsuite.objectives.labels`).
     `task_rates` (task -> rate) samples only those tasks of the mixture, at those rates (a stage of
     a continual schedule, `lmsuite.data.stages`); task ids and features stay the mixture's.
-    `task_features` (task -> its tagged examples' feature names) is a memo shared by calls with
+    `known_features` (task -> its tagged examples' feature names) is a memo shared by calls with
     the same split, lengths, `along`, `label_fill` and `example_task` (the stages of one
     schedule): a task left out of `task_rates` whose features it holds is not built, since
     building a task's preprocessing graph is most of a mixture's start-up cost.
@@ -149,7 +154,7 @@ def mixed_examples(
         unknown = sorted(set(task_rates) - set(index))
         if unknown:
             raise ValueError(f"{unknown} are not tasks of mixture {name!r}: {sorted(index)}")
-    known = {} if task_features is None else task_features
+    known = {} if known_features is None else known_features
     datasets = {}
     for task in tasks:
         if task_rates is not None and task.name not in task_rates and task.name in known:
@@ -204,11 +209,11 @@ def get_dataset(
     seed: int | None = None,
     label_fill: Mapping[str, bool] | None = None,
     task_rates: Mapping[str, float] | None = None,
-    task_features: dict[str, frozenset[str]] | None = None,
+    known_features: dict[str, frozenset[str]] | None = None,
 ) -> tf.data.Dataset:
     """`seqio.get_dataset` for a task; for a mixture its `mixed_examples` (tagged along `along`;
     None: untagged) through `feature_converter`, which must then pass `task_ids` through.
-    `label_fill` as in `mixed_examples`, for a task too; `task_rates` and `task_features` as
+    `label_fill` as in `mixed_examples`, for a task too; `task_rates` and `known_features` as
     there (mixtures only)."""
     if task_rates is not None and not is_mixture(name):
         raise ValueError(f"task rates {dict(task_rates)} need a mixture; {name!r} is a task")
@@ -246,7 +251,7 @@ def get_dataset(
         along=along or (),
         label_fill=label_fill,
         task_rates=task_rates,
-        task_features=task_features,
+        known_features=known_features,
     )
     lengths = dict(task_feature_lengths)
     if along:

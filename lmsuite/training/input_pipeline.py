@@ -85,7 +85,7 @@ def process_dataset(
             f"(rows_task) or one pass (repeat={repeat})"
         )
 
-    task_features: dict[str, frozenset[str]] = {}  # shared by the stages (mixed_examples)
+    known_features: dict[str, frozenset[str]] = {}  # shared by the stages (mixed_examples)
 
     def batched(task_rates=None, stage_seed=seed):
         dataset = mixtures.get_dataset(
@@ -95,7 +95,7 @@ def process_dataset(
             along=task_ids_along,
             label_fill=label_fill,
             task_rates=task_rates,
-            task_features=task_features,
+            known_features=known_features,
             dataset_split=split,
             shuffle=shuffle,
             num_epochs=None if repeat else 1,

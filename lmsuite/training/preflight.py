@@ -13,6 +13,7 @@ from typing import Any
 
 import seqio
 
+from lmsuite.data import mixtures
 from lmsuite.did_you_mean import nearest
 from lmsuite.models import ModelConfig, families
 from lmsuite.models.inputs import position_limit
@@ -76,11 +77,11 @@ def _sub_tasks(provider) -> list[seqio.Task]:
 def _task_features(task: seqio.Task, sequence_length) -> tuple[dict | None, str | None]:
     """(the features of the task's examples, or None; a problem building them, or None)."""
     try:
-        dataset = task.get_dataset(dict(sequence_length), split="train", shuffle=False)
+        spec = mixtures.example_spec(task, sequence_length)
     except Exception as error:  # the task's own preprocessors decide what fails; report it
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return None, f"task {task.name!r} could not be built: {type(error).__name__}: {first}"
-    return dict(dataset.element_spec), None
+    return spec, None
 
 
 def check_run(

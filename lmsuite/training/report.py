@@ -4,7 +4,7 @@ import functools
 import io
 import math
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -363,13 +363,9 @@ def stage_starts(records: list[dict]) -> list[tuple[int, int]]:
     return sorted({(r["step"], int(r[STAGE_KEY])) for r in records if r.get(STAGE_KEY, 1) > 1})
 
 
-def stage_changes(
-    records: list[dict], trained: Mapping[int, Collection[str]] | None = None
-) -> list[StageChange]:
+def stage_changes(records: list[dict]) -> list[StageChange]:
     """Every held-out accuracy before each later stage began and its lowest after: how much a
     task trained earlier lost when later tasks joined (ERNIE 2.0's point is that it loses little).
-    `trained` (stage -> the metrics trained before it began): only those; a head whose task had
-    not trained yet sits near chance, and its "fall" says nothing.
 
     Example: evaluations at steps 2, 4, 6 of 0.50, 0.70, 0.65 and stage 2 beginning after step
     4 -> StageChange(metric, stage=2, step=4, before=0.70, lowest_after=0.65): fall 0.05.
@@ -377,8 +373,6 @@ def stage_changes(
     out = []
     for key, points in _eval_accuracies(records).items():
         for step, stage in stage_starts(records):
-            if trained is not None and key not in trained.get(stage, ()):
-                continue
             before = [v for s, v in points if s <= step]
             after = [v for s, v in points if s > step]
             if before and after:
