@@ -26,6 +26,7 @@ TRAIN_PARAMETERS: dict[str, tuple[str, str | None]] = {
     "eval_split": ("data", "eval_split"),
     "eval_batches": ("data", "eval_batches"),
     "input_threads": ("data", "input_threads"),
+    "shuffle_buffer_size": ("data", "shuffle_buffer_size"),
     "input_sharding": ("data", "input_sharding"),
     "input_nice": ("data", "input_nice"),
     "stages": ("data", "stages"),

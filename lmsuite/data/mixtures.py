@@ -127,6 +127,7 @@ def mixed_examples(
     label_fill: Mapping[str, bool] | None = None,
     task_rates: Mapping[str, float] | None = None,
     known_features: dict[str, frozenset[str]] | None = None,
+    shuffle_buffer_size: int | None = None,
 ) -> tf.data.Dataset:
     """The examples of mixture `name` sampled at its rates, tagged (see the module docstring).
 
@@ -138,6 +139,8 @@ def mixed_examples(
     the same split, lengths, `along`, `label_fill` and `example_task` (the stages of one
     schedule): a task left out of `task_rates` whose features it holds is not built, since
     building a task's preprocessing graph is most of a mixture's start-up cost.
+    `shuffle_buffer_size`: each task's shuffle buffer (examples) when `shuffle`; None: the
+    task's own (SeqIO's default is 1,000).
 
     Raises:
       ValueError: `name` is not a mixture, no task has `split`, a feature of `along` is missing
@@ -166,6 +169,7 @@ def mixed_examples(
             seed=seed,
             shard_info=shard_info,
             num_epochs=num_epochs,
+            shuffle_buffer_size=shuffle_buffer_size,
         )
         missing = [f for f in along if f not in ds.element_spec]
         if missing:
@@ -210,14 +214,15 @@ def get_dataset(
     label_fill: Mapping[str, bool] | None = None,
     task_rates: Mapping[str, float] | None = None,
     known_features: dict[str, frozenset[str]] | None = None,
+    shuffle_buffer_size: int | None = None,
 ) -> tf.data.Dataset:
     """`seqio.get_dataset` for a task; for a mixture its `mixed_examples` (tagged along `along`;
     None: untagged) through `feature_converter`, which must then pass `task_ids` through.
-    `label_fill` as in `mixed_examples`, for a task too; `task_rates` and `known_features` as
-    there (mixtures only)."""
+    `label_fill` and `shuffle_buffer_size` as in `mixed_examples`, for a task too; `task_rates`
+    and `known_features` as there (mixtures only)."""
     if task_rates is not None and not is_mixture(name):
         raise ValueError(f"task rates {dict(task_rates)} need a mixture; {name!r} is a task")
-    if not is_mixture(name) and label_fill:
+    if not is_mixture(name) and (label_fill or shuffle_buffer_size is not None):
         ds = seqio.get_mixture_or_task(name).get_dataset(
             dict(task_feature_lengths),
             split=dataset_split,
@@ -225,8 +230,10 @@ def get_dataset(
             seed=seed,
             shard_info=shard_info,
             num_epochs=num_epochs,
+            shuffle_buffer_size=shuffle_buffer_size,
         )
-        ds = ds.map(_filler(label_fill))
+        if label_fill:
+            ds = ds.map(_filler(label_fill))
         return feature_converter(ds, task_feature_lengths=dict(task_feature_lengths))
     if not is_mixture(name):
         return seqio.get_dataset(
@@ -252,6 +259,7 @@ def get_dataset(
         label_fill=label_fill,
         task_rates=task_rates,
         known_features=known_features,
+        shuffle_buffer_size=shuffle_buffer_size,
     )
     lengths = dict(task_feature_lengths)
     if along:

@@ -43,6 +43,7 @@ def process_dataset(
     task_ids_along: Sequence[str] | None = None,
     label_fill: Mapping[str, bool] | None = None,
     stages: Sequence[stages_lib.Stage] = (),
+    shuffle_buffer_size: int | None = None,
 ) -> tf.data.Dataset:
     """This process's batches of `task`, after `skip_batches` global batches.
 
@@ -62,6 +63,10 @@ def process_dataset(
     `label_fill`: the labels of a multi-task row, -1 where an example's task lacks one.
     `stages`: a continual schedule over mixture `task` (`lmsuite.data.stages`): from global
     batch `stage.start` on, its tasks at its rates; a skip starts in the stage it falls in.
+    `shuffle_buffer_size`: each task's shuffle buffer in examples (None: the task's own, SeqIO's
+    1,000). A task that makes many examples of one document (sentence pairs) emits them one
+    after the other, and a buffer much smaller than a pass over the corpus keeps a document's
+    examples within a few steps of each other (docs/data.md, "Shuffle buffer").
 
     Example: 2 processes, global batch 8 -> each yields dicts of (4, ...) numpy-ready tensors;
     "source": process 0 reads SeqIO shard 0 of 2; "replicated": process 1 keeps rows 4-7.
@@ -96,6 +101,7 @@ def process_dataset(
             label_fill=label_fill,
             task_rates=task_rates,
             known_features=known_features,
+            shuffle_buffer_size=shuffle_buffer_size,
             dataset_split=split,
             shuffle=shuffle,
             num_epochs=None if repeat else 1,

@@ -33,7 +33,7 @@ from lmsuite.training.train_config import DATA_CHANGES, InvalidRunError
 # ModelConfig fields a resume may change: they decide memory, not parameters or results.
 MEMORY_ONLY_FIELDS = ("remat",)
 # The record's fields whose change alters the data stream (`train.data_change` decides).
-DATA_FIELDS = ("batch_size", "task", "sequence_length", "text_task", "pack")
+DATA_FIELDS = ("batch_size", "task", "sequence_length", "text_task", "pack", "shuffle_buffer_size")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,6 +81,8 @@ class DataConfig(Group):
     `input_pipeline.process_dataset`'s ("replicated": batches independent of the host count).
     `stages` is a continual schedule over mixture `task` (`lmsuite.data.stages`: `Stage`s or
     (first step, {task: rate}) pairs); empty: the mixture's own rates throughout.
+    `shuffle_buffer_size` is each task's training shuffle buffer in examples (None: the task's
+    own, SeqIO's 1,000; `input_pipeline.process_dataset`).
     `data_change` lets a resume change the batch size, task or lengths of the run it resumes
     (`DATA_CHANGES`; None: such a resume is refused, `lmsuite.training.resume_checks`).
     """
@@ -91,6 +93,7 @@ class DataConfig(Group):
     eval_split: str = input_pipeline.EVAL_SPLIT
     eval_batches: int = input_pipeline.EVAL_BATCHES
     input_threads: int | None = None
+    shuffle_buffer_size: int | None = None
     input_sharding: str = "source"
     input_nice: int | None = None
     task_modules: tuple[str, ...] = ()
@@ -122,6 +125,8 @@ class DataConfig(Group):
         positive_int(out, "data.eval_batches", self.eval_batches)
         if self.input_threads is not None:
             positive_int(out, "data.input_threads", self.input_threads)
+        if self.shuffle_buffer_size is not None:
+            positive_int(out, "data.shuffle_buffer_size", self.shuffle_buffer_size)
         nice_value(out, "data.input_nice", self.input_nice)
         if self.input_sharding not in input_pipeline.INPUT_SHARDINGS:
             out.append(
@@ -167,6 +172,7 @@ class DataConfig(Group):
             seed=seed,
             input_threads=self.input_threads,
             stages=self.stages,
+            shuffle_buffer_size=self.shuffle_buffer_size,
             **options,
         )
 
@@ -411,6 +417,8 @@ class TrainConfig(Group):
             # What registers the task again, so `lmsuite eval` and `lmsuite.load` need no flags.
             "task_modules": list(self.data.task_modules),
         }
+        if self.data.shuffle_buffer_size is not None:  # the batches depend on it: a resume compares
+            record["shuffle_buffer_size"] = self.data.shuffle_buffer_size
         if self.data.stages:  # a record: evaluation reads the whole mixture
             record["stages"] = [stage.to_json() for stage in self.data.stages]
         if self.data.task in text_files.TEXT_TASKS:  # `--train_files`: the user's own text

@@ -1,5 +1,6 @@
 """Per-process SeqIO input: sharding, exact skip on resume, global arrays, prefetch."""
 
+import functools
 import os
 import sys
 import threading
@@ -17,32 +18,36 @@ from lmsuite.data.feature_converters import EncoderMlmFeatureConverter
 from lmsuite.training import checkpointing, input_pipeline, step
 
 TASK = "lmsuite_test_counting_lm"
-VOCAB = seqio.PassThroughVocabulary(size=64)
+VOCAB = seqio.PassThroughVocabulary(size=200)
 
 
-def _examples(split, shuffle_files=False, seed=None):
+def _examples(split, shuffle_files=False, seed=None, first=1):
     del split, shuffle_files, seed
-    # Example i is the token run [i+1, i+2, i+3] (ids stay below the vocab size).
-    ids = [[(i + k) % 60 + 1 for k in range(1, 4)] for i in range(40)]
+    # Example i is the token run [i+1, i+2, i+3] (ids stay below the vocab size), from `first`.
+    ids = [[(i + k) % 60 + first for k in range(1, 4)] for i in range(40)]
     return tf.data.Dataset.from_tensor_slices({"targets": tf.constant(ids, tf.int32)})
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _task():
-    seqio.TaskRegistry.remove(TASK)
-    seqio.TaskRegistry.add(
-        TASK,
-        source=seqio.FunctionDataSource(_examples, splits=("train",)),
-        preprocessors=[],
-        output_features={"targets": seqio.Feature(VOCAB, add_eos=False)},
-    )
+    for name, first in ((TASK, 1), (f"{TASK}_high", 101)):  # the second: ids 102 and up
+        seqio.TaskRegistry.remove(name)
+        seqio.TaskRegistry.add(
+            name,
+            source=seqio.FunctionDataSource(
+                functools.partial(_examples, first=first), splits=("train",)
+            ),
+            preprocessors=[],
+            output_features={"targets": seqio.Feature(VOCAB, add_eos=False)},
+        )
     yield
-    seqio.TaskRegistry.remove(TASK)
+    for name in (TASK, f"{TASK}_high"):
+        seqio.TaskRegistry.remove(name)
 
 
-def _dataset(**kwargs):
+def _dataset(task=TASK, **kwargs):
     return input_pipeline.process_dataset(
-        task=TASK,
+        task=task,
         sequence_length={"targets": 4},
         feature_converter=seqio.LMFeatureConverter(pack=False),
         global_batch_size=4,
@@ -59,6 +64,32 @@ def test_resume_skips_exactly_the_consumed_batches():
     np.testing.assert_array_equal(np.stack(resumed), np.stack(full[4:6]))
     # A shuffled stream: not simply the source order.
     assert not np.array_equal(full[0][:, 0], [2, 3, 4, 5])
+
+
+def test_a_shuffle_buffer_of_one_example_keeps_the_source_order():
+    """`shuffle_buffer_size` is each task's SeqIO shuffle buffer, for a task and for each task
+    of a mixture: one example shuffles nothing."""
+    in_order = [b["decoder_target_tokens"][:, 0] for b in _dataset(shuffle_buffer_size=1).take(3)]
+    np.testing.assert_array_equal(np.concatenate(in_order), np.arange(2, 14))
+    shuffled = [b["decoder_target_tokens"][:, 0] for b in _dataset().take(3)]
+    assert not np.array_equal(np.concatenate(shuffled), np.arange(2, 14))
+
+    mixture = "lmsuite_test_counting_mixture"
+    seqio.MixtureRegistry.remove(mixture)
+    seqio.MixtureRegistry.add(mixture, [(TASK, 1.0), (f"{TASK}_high", 1.0)])
+    try:
+        firsts = np.concatenate(
+            [
+                b["decoder_target_tokens"][:, 0]
+                for b in _dataset(task=mixture, shuffle_buffer_size=1).take(10).as_numpy_iterator()
+            ]
+        )
+    finally:
+        seqio.MixtureRegistry.remove(mixture)
+    low, high = firsts[firsts < 100], firsts[firsts >= 100]  # each task's examples, in its order
+    assert len(low) > 5 and len(high) > 5
+    np.testing.assert_array_equal(low, np.arange(2, 2 + len(low)))
+    np.testing.assert_array_equal(high, np.arange(102, 102 + len(high)))
 
 
 def test_prefetcher_builds_global_arrays_and_reports_waiting():

@@ -126,6 +126,22 @@ def test_a_changed_packing_changes_the_data_and_needs_restart():
     assert compare(old, packed, data_change=None) == DataPlan()
 
 
+def test_a_changed_shuffle_buffer_changes_the_data_and_needs_restart():
+    """Another buffer shuffles the examples otherwise: the same position is other batches."""
+    problem = _refused(_record(), _record(shuffle_buffer_size=20000))
+    assert "shuffle_buffer_size None -> 20000" in problem and "'restart'" in problem, problem
+    assert "'restart'" in _refused(_record(shuffle_buffer_size=20000), _record(), "rescale")
+    assert (
+        compare(_record(shuffle_buffer_size=50), _record(shuffle_buffer_size=50), data_change=None)
+        == DataPlan()
+    )
+    from lmsuite.training.train_config import DataConfig
+
+    assert gin_run.TRAIN_PARAMETERS["shuffle_buffer_size"] == ("data", "shuffle_buffer_size")
+    config = DataConfig(task="t", sequence_length={"x": 1}, batch_size=1, shuffle_buffer_size=0)
+    assert any("data.shuffle_buffer_size must be an integer >= 1" in p for p in config.problems())
+
+
 def test_the_option_is_a_gin_train_parameter_and_checked():
     assert gin_run.TRAIN_PARAMETERS["data_change"] == ("data", "data_change")
     from lmsuite.training.train_config import DataConfig
