@@ -71,9 +71,11 @@ TINY_ENCODERS = [
     "bert_multitask_tiny",
     "ernie2_tiny",
 ]
-# Twins whose auxiliary label may stay at chance (an expected failure, with the reason).
-# albert_tiny's SOP, at chance on the Wikipedia sample, learns on the Shakespeare corpus.
-AUXILIARY_NOT_LEARNT: dict[str, str] = {}
+# Twins' auxiliary labels that may stay at chance: twin -> {label, as the report names it: why}.
+# The run is an expected failure only when every label that did not learn is listed; the
+# other heads must learn. albert_tiny's SOP, at chance on the Wikipedia sample, learns on the
+# Shakespeare corpus.
+AUXILIARY_NOT_LEARNT: dict[str, dict[str, str]] = {}
 # Twins whose masked LM may stay on the unigram plateau (an expected failure, with the reason).
 MLM_PLATEAU: dict[str, str] = {}  # unilm2_tiny's left it with TUPE's positions, 2026-12-06
 # Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
@@ -295,12 +297,12 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
     if mixtures.is_mixture(run["task"]) and recipe.objective.label_heads:
         labels = _per_task_label_results(tmp_path, run["task"], capsys)
     assert len(labels) == len(recipe.objective.label_metrics), out
-    learnt = []
+    learnt = {}  # label -> above its majority share with p < 0.01
     for label in labels:
         right = round(label["accuracy"] * label["rows"])
         p_value = report.binomial_upper_tail(right, label["rows"], label["majority"])
         assert p_value == pytest.approx(label["p"], rel=0.05, abs=1e-300)
-        learnt.append(label["accuracy"] > label["majority"] and p_value < 0.01)
+        learnt[label["name"]] = label["accuracy"] > label["majority"] and p_value < 0.01
     rtd = re.findall(
         r"held-out rtd accuracy: ([\d.]+) over ([\d,]+) tokens \(always the larger class: "
         r"([\d.]+); binomial p = ([\d.e+-]+)\)",
@@ -311,7 +313,7 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
         n = int(tokens.replace(",", ""))
         p_value = report.binomial_upper_tail(round(float(accuracy) * n), n, float(majority))
         assert p_value == pytest.approx(float(p), rel=0.05, abs=1e-300)
-        learnt.append(float(accuracy) > float(majority) and p_value < 0.01)
+        learnt["rtd"] = float(accuracy) > float(majority) and p_value < 0.01
     changes = _stage_changes(out)
     forgotten = [
         c for c in changes
@@ -323,9 +325,11 @@ def test_tiny_encoder_experiment_learns(name, tmp_path, capsys):
     with capsys.disabled():
         print(json.dumps({name: got | {"labels": labels, "stages": changes}}))
     assert not forgotten, forgotten
-    if name in AUXILIARY_NOT_LEARNT and not all(learnt):
-        pytest.xfail(AUXILIARY_NOT_LEARNT[name])
-    assert all(learnt), out
+    not_learnt = sorted(label for label, ok in learnt.items() if not ok)
+    expected = AUXILIARY_NOT_LEARNT.get(name, {})
+    if not_learnt and set(not_learnt) <= set(expected):
+        pytest.xfail("; ".join(f"{label}: {expected[label]}" for label in not_learnt))
+    assert not not_learnt, out
 
 
 def test_the_stage_report_compares_only_what_trained_before_each_stage(tmp_path):
