@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from lmsuite import cli
 from lmsuite.cli import pretrain_report
@@ -189,6 +190,37 @@ def test_pretrain_prints_artifacts_and_accuracy_against_the_majority_baseline(ca
     assert baseline == round(expected, 4)
     assert report.majority_baseline([{"input_ids": targets}]) is None
     _assert_fill_mask_section(out)
+
+
+def test_pretrain_reads_its_held_out_batches_once_for_its_baselines_and_label_lines(
+    capsys, tmp_path, monkeypatch
+):
+    """The run's evaluation keeps its held-out batches, and so does the report after it: the
+    baselines and the NSP line read them once (before: once each)."""
+    from lmsuite.training import input_pipeline
+
+    reads = []
+    build = input_pipeline.eval_dataset
+
+    def counted(**kwargs):
+        def count(batch):
+            ids = tf.numpy_function(
+                lambda x: (reads.append(1), x)[1], [batch["input_ids"]], tf.int32
+            )
+            ids.set_shape(batch["input_ids"].shape)
+            return {**batch, "input_ids": ids}
+
+        return build(**kwargs).map(count)
+
+    monkeypatch.setattr(input_pipeline, "eval_dataset", counted)
+    argv = ["pretrain", "--gin_file=experiments/bert_tiny.gin", f"--model_dir={tmp_path}"]
+    flags = ["TRAIN_STEPS=2", "WARMUP_STEPS=1", "CHECKPOINT_EVERY=2", "train.eval_every=2"]
+    flags += ["train.eval_batches=2"]
+    code = cli.main([*argv, *(f"--gin.{f}" for f in flags), "--gin.train.progress_bar=False"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "held-out sentence accuracy" in out, out
+    assert len(reads) == 2 * 2  # the run's evaluation read its 2 batches, the report read them
 
 
 def _assert_fill_mask_section(out: str) -> None:
