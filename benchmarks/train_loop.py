@@ -42,7 +42,7 @@ import jax
 
 from lmsuite import cli, partitioning
 from lmsuite.models import Transformer
-from lmsuite.training import input_pipeline, loop, recipes, report, step, train_state
+from lmsuite.training import input_pipeline, loop, report, step, train_state
 
 
 def bare_step_measurer(run) -> Callable[[int], float]:
@@ -58,15 +58,11 @@ def bare_step_measurer(run) -> Callable[[int], float]:
     mesh = partitioning.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
     rules = trainer.rules
     model = Transformer(run.model)
-    recipe = recipes.build(run.recipe, model_config=run.model)
-    objective = recipe.objective
+    # The run's own batches (a mixture's task ids and label fill, its stages, its buffer).
+    built = run.built()
+    objective = built.objective
     tx, learning_rate_fn = run.optimizer.build(train_steps=trainer.train_steps)
-    dataset = input_pipeline.process_dataset(
-        task=run.data.task,
-        sequence_length=run.data.sequence_length,
-        feature_converter=recipe.feature_converter,
-        global_batch_size=run.data.batch_size,
-    )
+    dataset = run.data.train_dataset(built, seed=trainer.seed)
     example = report.example_inputs(dataset.element_spec)
     state, shardings, _ = train_state.create_sharded_state(
         init_params=lambda r: model.init({"params": r}, **objective.model_inputs(example))[

@@ -73,18 +73,39 @@ def test_unit_index_example():
     assert int(num) == 3
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_greedy_fit_matches_bert_fit_or_skip_loop(seed):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 6, size=40)
-    budget = int(rng.integers(0, 40))
+def _fit_or_skip(lengths, budget):
     expected, remaining = [], budget
     for n in lengths:  # BERT: skip a word that does not fit, keep trying the rest
         take = n <= remaining
         remaining -= n if take else 0
         expected.append(take)
+    return expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_fit_matches_bert_fit_or_skip_loop(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0 if seed % 4 == 0 else 1, 6, size=int(rng.integers(1, 60)))
+    if seed % 3 == 0:  # units never taken, as ERNIE's independent selection marks them
+        lengths[rng.random(lengths.size) < 0.7] = np.iinfo(np.int32).max
+    budget = int(rng.integers(-2, 40))
     got = whole_word.greedy_fit(tf.constant(lengths, tf.int32), tf.constant(budget))
-    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, _fit_or_skip(lengths, budget))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "budget"),
+    [([], 5), ([7], 6), ([6], 6), ([3, 2, 4, 1], 6), ([5, 1, 1, 1, 9, 1], 4), ([2, 2], -3)],
+)
+def test_greedy_fit_edge_cases(lengths, budget):
+    got = whole_word.greedy_fit(tf.constant(lengths, tf.int32), tf.constant(budget))
+    np.testing.assert_array_equal(got, np.array(_fit_or_skip(lengths, budget), bool))
+    fit = tf.function(whole_word.greedy_fit)  # as tf.data traces it: the lengths' size unknown
+    traced = fit.get_concrete_function(tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32))
+    np.testing.assert_array_equal(
+        traced(tf.constant(lengths, tf.int32), tf.constant(budget)),
+        np.array(_fit_or_skip(lengths, budget), bool),
+    )
 
 
 def test_whole_words_within_budget_and_fit_or_skip_is_tight():
