@@ -140,12 +140,14 @@ def _full_pipelines():
     """
     sys.path.insert(0, REPO)
     from lmsuite.data import tasks
+    from lmsuite.models import ModelConfig
     from lmsuite.training import recipes
 
     token_keys = {
         "input_ids": ("input_ids",),
         "encoder_input_tokens": ("encoder_input_tokens", "decoder_target_tokens"),
         "input_k": ("input_k",),
+        "targets": ("targets",),  # Transformer-XL's streams
     }
 
     def tokens_of(converter):
@@ -155,12 +157,26 @@ def _full_pipelines():
                 return keys
         return ("decoder_target_tokens",)
 
+    def label_fill(recipe):
+        """A multi-task row's labels, -1 where a task lacks one, as training fills them."""
+        loss, options = recipes.loss_call(
+            recipes.make_recipe(name=recipe.name), model_config=ModelConfig(type_vocab_size=2)
+        )
+        return dict(loss(**options).label_heads) or None
+
     rows = {}
     for recipe in recipes.RECIPES.values():
+        fill = label_fill(recipe)
         for objective in recipe.task_objectives:
             converter = recipe.converter(pack=recipe.pack)
             label = objective if objective not in rows else f"{objective} ({recipe.name})"
-            rows[label] = (objective, recipe.lengths_for(128), converter, tokens_of(converter))
+            rows[label] = (
+                objective,
+                recipe.lengths_for(128),
+                converter,
+                tokens_of(converter),
+                fill,
+            )
     for entry in recipes.DATA_ONLY.values():
         converter = entry.converter()
         rows[entry.objective] = (
@@ -168,38 +184,44 @@ def _full_pipelines():
             entry.lengths_for(128),
             converter,
             tokens_of(converter),
+            None,
         )
     out = {}
-    for label, (objective, lengths, converter, keys) in rows.items():
+    for label, (objective, lengths, converter, keys, fill) in rows.items():
         zh_only = tasks.OBJECTIVES[objective].languages == ("zh",)
         corpus = "peoples_daily" if zh_only else "wiki_sample"
-        out[f"{corpus}_{label}"] = (f"{corpus}_{objective}", lengths, converter, keys)
+        out[f"{corpus}_{label}"] = (f"{corpus}_{objective}", lengths, converter, keys, fill)
     # The packed MLM converter (not the training default), for its cost and its gain.
     mlm = recipes.RECIPES["bert_mlm"]
     for name in ("wiki_sample_bert_mlm", "peoples_daily_ernie"):
         converter = mlm.converter(pack=True)
-        out[f"{name} (packed)"] = (name, mlm.lengths_for(128), converter, ("input_ids",))
+        out[f"{name} (packed)"] = (name, mlm.lengths_for(128), converter, ("input_ids",), None)
     return out
 
 
-def _time_full(task, lengths, converter, token_keys, *, rows: int, warmup: int) -> list[float]:
+def _time_full(
+    task, lengths, converter, token_keys, label_fill, *, rows: int, warmup: int
+) -> list[float]:
     """[rows/s, examples/s, tokens/s, CPU microseconds per row] of one task's full pipeline.
 
     Rows are what the converter emits; a packed row holds several examples (its largest
-    segment id). Tokens are the non-padding entries of `token_keys`.
+    segment id). Tokens are the non-padding entries of `token_keys`. `label_fill`: a
+    multi-task recipe's labels, filled with -1 where the task has none (as training does).
     """
-    import seqio
     import tensorflow as tf
 
-    ds = seqio.get_dataset(
+    from lmsuite.data import mixtures
+
+    ds = mixtures.get_dataset(
         task,
         task_feature_lengths=lengths,
         feature_converter=converter,
+        along=None,
         dataset_split="train",
         shuffle=False,
         num_epochs=None,
         seed=0,
-        verbose=False,
+        label_fill=label_fill,
     )
     segments = [k for k in ds.element_spec if k.endswith("_segment_ids")]
 
