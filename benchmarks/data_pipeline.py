@@ -159,10 +159,10 @@ def _full_pipelines():
 
     def label_fill(recipe):
         """A multi-task row's labels, -1 where a task lacks one, as training fills them."""
-        loss, options = recipes.loss_call(
+        built = recipes.build(
             recipes.make_recipe(name=recipe.name), model_config=ModelConfig(type_vocab_size=2)
         )
-        return dict(loss(**options).label_heads) or None
+        return dict(built.objective.label_heads) or None
 
     rows = {}
     for recipe in recipes.RECIPES.values():
