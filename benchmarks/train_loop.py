@@ -41,7 +41,7 @@ from pathlib import Path
 import jax
 
 from lmsuite import cli, partitioning
-from lmsuite.models import Transformer
+from lmsuite.models import Transformer, memory_shapes
 from lmsuite.training import input_pipeline, loop, report, step, train_state
 
 
@@ -50,8 +50,8 @@ def bare_step_measurer(run) -> Callable[[int], float]:
     runs `steps` more and returns the seconds they took.
 
     The step is built as `loop.train` builds it: the recipe's objective and feature converter,
-    the model initialised from the batched input's `element_spec`, the config's rules,
-    microbatches and non-finite policy.
+    the model initialised from the batched input's `element_spec`, the carried state (XLNet's
+    memory) from zeros, the config's rules, microbatches and non-finite policy.
     """
     trainer = run.trainer
     data, fsdp, tensor = trainer.mesh_shape
@@ -64,6 +64,9 @@ def bare_step_measurer(run) -> Callable[[int], float]:
     tx, learning_rate_fn = run.optimizer.build(train_steps=trainer.train_steps)
     dataset = run.data.train_dataset(built, seed=trainer.seed)
     example = report.example_inputs(dataset.element_spec)
+    carry_shapes = None
+    if objective.carry is not None:
+        carry_shapes = memory_shapes(run.model, run.data.batch_size)
     state, shardings, _ = train_state.create_sharded_state(
         init_params=lambda r: model.init({"params": r}, **objective.model_inputs(example))[
             "params"
@@ -72,6 +75,7 @@ def bare_step_measurer(run) -> Callable[[int], float]:
         mesh=mesh,
         rng=jax.random.PRNGKey(0),
         rules=rules,
+        carry_shapes=carry_shapes,
     )
     local = next(dataset.as_numpy_iterator())
     shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in local.items()}
