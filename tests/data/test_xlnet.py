@@ -101,16 +101,76 @@ def test_local_perm_reproduces_the_reference_by_hand():
 def test_span_begins_follow_the_sequential_cursor():
     rng = np.random.default_rng(0)
     for n, count in [(40, 7), (200, 33), (12, 1)]:
-        allowed = np.flatnonzero(rng.random(n) < 0.6).tolist() + [n]
-        next_start = [min(a for a in allowed if a >= p) for p in range(n + 1)]
-        left = rng.integers(0, 6, count)
-        advance = rng.integers(0, 9, count)
-        cursor, want = 0, []
-        for k in range(count):  # the reference's while loop, one span at a time
-            want.append(next_start[min(cursor + left[k], n)])
-            cursor = want[-1] + advance[k]
-        got = xlnet.span_begins(*(tf.constant(v, tf.int32) for v in (next_start, left, advance)))
-        np.testing.assert_array_equal(np.minimum(got, n), np.minimum(want, n))
+        rows = []
+        for _ in range(4):
+            allowed = np.flatnonzero(rng.random(n) < 0.6).tolist() + [n]
+            next_start = [min(a for a in allowed if a >= p) for p in range(n + 1)]
+            left = rng.integers(0, 6, count)
+            advance = rng.integers(0, 9, count)
+            cursor, want = 0, []
+            for k in range(count):  # the reference's while loop, one span at a time
+                want.append(next_start[min(cursor + left[k], n)])
+                cursor = want[-1] + advance[k]
+            rows.append((next_start, left, advance, want))
+            one = xlnet.span_begins(*(tf.constant(v, tf.int32) for v in rows[-1][:3]))
+            np.testing.assert_array_equal(np.minimum(one, n), np.minimum(want, n))
+        group = xlnet.span_begins(
+            *(tf.constant(v, tf.int32) for v in list(zip(*rows, strict=True))[:3])
+        )
+        np.testing.assert_array_equal(np.minimum(group, n), np.minimum([r[3] for r in rows], n))
+
+
+def _reference_sample(can_start, grams, offsets, scores, *, goal, mask_alpha, mask_beta):
+    """`_sample_mask`'s loop, fed the draws `sampler_draws` made (float32 offsets and scores)."""
+    n = len(scores)
+    mask, num, cursor = np.zeros(n, bool), 0, 0
+    for gram, offset in zip(grams, offsets, strict=True):
+        if num >= goal:
+            break
+        gram = min(int(gram), goal - num)
+        context = gram * mask_alpha // mask_beta
+        left = int(np.float32(offset) * np.float32(context))
+        begin = cursor + left
+        while begin < n and not can_start[begin]:
+            begin += 1
+        if begin >= n or begin + gram >= n:
+            break
+        mask[begin : begin + gram] = True
+        num += gram
+        cursor = begin + gram + context - left
+    free = np.flatnonzero(~mask)  # the rest uniformly: here the highest scores
+    mask[free[np.argsort(-scores[free], kind="stable")[: goal - num]]] = True
+    return mask
+
+
+@pytest.mark.parametrize(
+    "n, goal, max_gram, alpha, beta, start_rate",
+    [
+        (256, 43, 5, 6, 1, 0.7),
+        (61, 10, 5, 6, 1, 1.0),
+        (30, 12, 3, 4, 2, 0.3),
+        (20, 19, 2, 1, 1, 0.5),
+    ],
+)
+def test_group_sampler_follows_the_reference_loop(n, goal, max_gram, alpha, beta, start_rate):
+    # Covers spans cut by the segment's end, spans that never start (no start piece left), and
+    # the uniform top-up; each row of the group has its own seed and start pieces.
+    rng = np.random.default_rng(n)
+    group = 24
+    draws = [
+        xlnet.sampler_draws(tf.constant([s, 7]), n=n, goal=goal, max_gram=max_gram)
+        for s in range(group)
+    ]
+    stacked = {k: tf.stack([d[k] for d in draws]) for k in draws[0]}
+    can_start = rng.random((group, n)) < start_rate
+    got = xlnet.predicted_from_draws(
+        **stacked, can_start=tf.constant(can_start), mask_alpha=alpha, mask_beta=beta
+    ).numpy()
+    for row, d in enumerate(draws):
+        args = (can_start[row], *(d[k].numpy() for k in ("grams", "offsets", "scores")))
+        want = _reference_sample(*args, goal=goal, mask_alpha=alpha, mask_beta=beta)
+        np.testing.assert_array_equal(got[row], want)
+        assert want.sum() == goal
 
 
 def test_sampler_spans_start_at_start_pieces_and_hit_the_goal():
@@ -123,6 +183,132 @@ def test_sampler_spans_start_at_start_pieces_and_hit_the_goal():
         assert chosen.sum() == goal and (run_starts % 3 == 0).all()
     free = xlnet.sample_predicted(n=n, goal=goal, seed=[0, 1]).numpy().astype(int)
     assert free.sum() == goal and (np.flatnonzero(np.diff(np.r_[0, free]) == 1) % 3).any()
+
+
+def _reference_local_perm(is_masked, is_functional, rank):
+    """`_local_perm` as released, with its shuffled index given as each position's rank."""
+    non_functional = ~is_functional
+    non_masked = ~is_masked & non_functional
+    rev_index = np.where(non_masked, -1, rank)
+    target = ~non_masked & non_functional
+    self_rev_index = np.where(target, rev_index, rev_index + 1)
+    perm_mask = (self_rev_index[:, None] <= rev_index[None, :]) & ~non_masked[None, :]
+    return perm_mask, target
+
+
+def test_group_features_equal_the_reference_per_example():
+    rng = np.random.default_rng(3)
+    group, reuse, length, perm, predict = 12, 8, 24, 4, 12
+    input_k = rng.integers(10, 99, (group, length))
+    masked = rng.random((group, length)) < 0.3
+    first_sep = reuse + rng.integers(1, length - reuse - 3, group)
+    positions = np.arange(length)
+    functional = (positions == first_sep[:, None]) | (positions >= length - 2)
+    orders = [np.stack([rng.permutation(perm) for _ in range(group)]) for _ in range(2)]
+    out = xlnet.permutation_features(
+        tf.constant(input_k, tf.int32),
+        tf.constant(masked),
+        tf.constant(functional),
+        reuse_len=reuse,
+        num_predict=predict,
+        reuse_order=tf.constant(orders[0], tf.int32),
+        rest_order=tf.constant(orders[1], tf.int32),
+    )
+    out = {k: v.numpy() for k, v in out.items()}
+    for g in range(group):
+        parts = []
+        for order, span in zip(orders, (np.arange(reuse), np.arange(reuse, length)), strict=True):
+            local = span - span[0]
+            rank = local - local % perm + order[g][local % perm]
+            parts.append(_reference_local_perm(masked[g, span], functional[g, span], rank))
+        (pm0, t0), (pm1, t1) = parts
+        rest = length - reuse
+        want = np.block([[pm0, np.ones((reuse, rest), bool)], [np.zeros((rest, reuse), bool), pm1]])
+        np.testing.assert_array_equal(out["perm_mask"][g], want)
+        target = np.r_[t0, t1]
+        np.testing.assert_array_equal(out["input_q"][g], target)
+        predicted = np.flatnonzero(target)
+        assert len(predicted) < predict  # padded slots follow the targets
+        mapping = np.zeros((predict, length))
+        mapping[np.arange(len(predicted)), predicted] = 1
+        np.testing.assert_array_equal(out["target_mapping"][g], mapping)
+        want_target = np.r_[input_k[g, predicted], np.zeros(predict - len(predicted))]
+        np.testing.assert_array_equal(out["target"][g], want_target)
+        np.testing.assert_array_equal(out["target_mask"][g], mapping.sum(axis=1))
+
+
+def _reference_split(starts, *, begin, tot_len, coin, pick, place):
+    """`_split_a_and_b` on one row (sentence starts instead of sentence ids), its random
+    choices given: coin (random.random()), pick (its cut's index), place (B's begin)."""
+    n = len(starts)
+    end, cuts = begin + 1, []
+    while end < n:
+        if starts[end]:
+            if end - begin >= tot_len:
+                break
+            cuts.append(end)
+        end += 1
+    a_end = cuts[pick % len(cuts)] if cuts else end
+    is_random = not cuts or coin < 0.5
+    if is_random:
+        b_len = max(1, tot_len - (a_end - begin))
+        b_begin = place % (n - b_len)
+        b_end = b_begin + b_len
+        while b_begin > 0 and not starts[b_begin]:
+            b_begin -= 1
+        while b_end < n - 1 and not starts[b_end]:
+            b_end += 1
+    else:
+        b_begin, b_end = a_end, end
+    a_len, b_len = _reference_trim(a_end - begin, b_end - b_begin, tot_len)
+    return a_len, b_begin, b_len, is_random
+
+
+def test_group_split_follows_the_reference_loop():
+    rng = np.random.default_rng(4)
+    size, group, tot_len = 300, 200, 13
+    starts = rng.random((4, size)) < np.array([[0.02], [0.1], [0.4], [0.0]])
+    # Row 3: a window before 150 has no cut, so B is random and one token long; placed at
+    # 297 or 298, it widens to [297, 299): the reference stops B's end at n - 1.
+    starts[3, [0, 150, size - 3]] = True
+    row = np.r_[rng.integers(0, 3, group), np.full(20, 3)]
+    begin = np.r_[rng.integers(1, size - tot_len - 3, group), rng.integers(1, 150 - tot_len, 20)]
+    coin = rng.random(group + 20).astype(np.float32)
+    bits = rng.integers(-(2**31), 2**31 - 1, (2, group + 20))
+    bits[1, group:] = size - 3 + np.arange(20) % 2
+    got = xlnet.split_a_and_b(
+        xlnet.sentence_tables(tf.constant(starts)),
+        row=tf.constant(row, tf.int32),
+        begin=tf.constant(begin, tf.int32),
+        tot_len=tot_len,
+        coin=tf.constant(coin),
+        cut_bits=tf.constant(bits[0], tf.int32),
+        place_bits=tf.constant(bits[1], tf.int32),
+    )
+    got = np.stack([x.numpy().astype(int) for x in got], axis=1)
+    unsigned = bits.astype(np.int64) % 2**32
+    want = [
+        _reference_split(starts[r], begin=b, tot_len=tot_len, coin=c, pick=int(p), place=int(q))
+        for r, b, c, p, q in zip(row, begin, coin, *unsigned, strict=True)
+    ]
+    np.testing.assert_array_equal(got, np.array(want, dtype=int))
+    assert 0 < got[:group, 3].sum() < group  # both kinds of B
+    assert (got[group:, 1:3] == [size - 3, 2]).all()
+
+
+def test_uniform_below_is_tf_stateless_uniform_int():
+    # The split draws 32 bits per choice and reduces them later, when the range is known.
+    rng = np.random.default_rng(5)
+    for seed, high in zip(
+        rng.integers(-(2**31), 2**31 - 1, (300, 2)),
+        rng.choice([1, 2, 3, 7, 100, 4095, 16641, 2**20 + 3, 2**31 - 2], 300),
+        strict=True,
+    ):
+        seed = tf.constant(seed, tf.int32)
+        want = tf.random.stateless_uniform([], seed, minval=0, maxval=high, dtype=tf.int32)
+        bits = tf.random.stateless_uniform([], seed, minval=None, maxval=None, dtype=tf.int32)
+        assert xlnet.uniform_below(bits, high) == want
+    assert xlnet.uniform_below(tf.constant(-1), 10) == 5
 
 
 def test_start_piece_table_follows_is_start_piece(tiny_vocab):

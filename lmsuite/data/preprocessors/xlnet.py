@@ -100,10 +100,11 @@ import tensorflow as tf
 from lmsuite.data.preprocessors import lm
 from lmsuite.data.preprocessors.xlnet_masks import (  # noqa: F401  (public here too)
     block_ranks,
-    local_perm,
     permutation_features,
+    predicted_from_draws,
     prediction_split,
     sample_predicted,
+    sampler_draws,
     span_begins,
     start_piece_table,
 )
@@ -144,38 +145,67 @@ def trimmed_lengths(a_len, b_len, *, total):
     return a, b
 
 
-def _uniform_int(seed, low, high):
-    """A uniform int32 in [low, high], both included (Python's `random.randint`)."""
-    return tf.random.stateless_uniform([], seed, minval=low, maxval=high + 1, dtype=tf.int32)
+def uniform_below(bits, high):
+    """int32 in [0, high) from 32 random bits (int32), as TF's stateless uniform int draws it
+    (`stateless_uniform(..., minval=0, maxval=high, dtype=tf.int32)` on the same seed): the
+    bits as unsigned, modulo high. Example: bits -1 (2**32 - 1), high 10 -> 5."""
+    unsigned = tf.cast(tf.bitcast(bits, tf.uint32), tf.int64)
+    return tf.cast(unsigned % tf.cast(high, tf.int64), tf.int32)
 
 
-def split_a_and_b(starts, *, begin, tot_len, seed):
-    """`_split_a_and_b` on one row: where A and B come from, as (a_len, b_begin, b_len, is_random).
-
-    `starts` is bool [N], True on the first token of each sentence; A starts at `begin`.
-    Cuts are the sentence starts strictly inside (begin, begin + tot_len); the window's end is
-    the first sentence start at or after begin + tot_len (the row's end if none). With a cut and
-    probability 1/2, A ends at a uniform cut and B continues to the window's end; otherwise
-    (is_random) A ends at a uniform cut (the window's end if there is none) and B covers the
-    sentences around a uniform span of max(1, tot_len - len(A)) tokens of the row. Then
-    `trimmed_lengths`. Example (tot_len 5, sentence starts at 0, 4, 7, begin 1, a cut at 4, not
-    random): A = row[1:4], B = row[4:6].
-    """
-    n = tf.size(starts)
-    positions = tf.range(n)
+def split_draws(seed) -> dict[str, tf.Tensor]:
+    """The random numbers `split_a_and_b` uses for one example: a coin (float in [0, 1)) and
+    two 32-bit draws for the cut and the random B's place (`uniform_below`)."""
     seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
-    cuts = tf.cast(tf.where(starts[begin + 1 : begin + tot_len])[:, 0], tf.int32) + begin + 1
-    num_cuts = tf.size(cuts)
-    end = tf.reduce_min(tf.where(starts & (positions >= begin + tot_len), positions, n))
-    is_random = tf.logical_or(num_cuts == 0, tf.random.stateless_uniform([], seeds[0]) < 0.5)
-    pick = tf.where(num_cuts > 0, _uniform_int(seeds[1], 0, tf.maximum(num_cuts - 1, 0)), 0)
-    a_end = tf.concat([cuts, [end]], axis=0)[tf.where(num_cuts > 0, pick, num_cuts)]
+    bits = lambda s: tf.random.stateless_uniform([], s, minval=None, maxval=None, dtype=tf.int32)
+    return {
+        "coin": tf.random.stateless_uniform([], seeds[0]),
+        "cut_bits": bits(seeds[1]),
+        "place_bits": bits(seeds[2]),
+    }
+
+
+def sentence_tables(starts):
+    """(count, position) for bool `starts` [R, N] (True on each sentence's first token):
+    count [R, N + 1], the sentence starts before p; position [R, N + 1], the j-th start of the
+    row (N past the last). So the first start at or after p is position[count[p]].
+    Example: starts [[1 0 0 1 0]] -> count [[0 1 1 1 2 2]], position [[0 3 5 5 5 5]].
+    """
+    size = tf.shape(starts)[1]
+    count = tf.pad(tf.cumsum(tf.cast(starts, tf.int32), axis=1), [[0, 0], [1, 0]])
+    position = tf.sort(tf.where(starts, tf.range(size), size), axis=1)
+    return count, tf.pad(position, [[0, 0], [0, 1]], constant_values=size)
+
+
+def split_a_and_b(tables, *, row, begin, tot_len, coin, cut_bits, place_bits):
+    """`_split_a_and_b` on a group of windows: where A and B come from, as (a_len, b_begin,
+    b_len, is_random), each [G].
+
+    `tables` is `sentence_tables` of the block's rows; window g reads row `row[g]` and A starts
+    at `begin[g]`; the draws are `split_draws`'s, stacked. Cuts are the sentence starts strictly
+    inside (begin, begin + tot_len); the window's end is the first sentence start at or after
+    begin + tot_len (the row's end if none). With a cut and probability 1/2, A ends at a uniform
+    cut and B continues to the window's end; otherwise (is_random) A ends at a uniform cut (the
+    window's end if there is none) and B covers the sentences around a uniform span of
+    max(1, tot_len - len(A)) tokens of the row. Then `trimmed_lengths`. Example (tot_len 5,
+    sentence starts at 0, 4, 7, begin 1, a cut at 4, not random): A = row[1:4], B = row[4:6].
+    """
+    count, position = tables
+    n = tf.shape(position)[1] - 1
+    at = lambda table, p: tf.gather_nd(table, tf.stack([row, p], axis=1))
+    first_cut = at(count, begin + 1)
+    num_cuts = at(count, begin + tot_len) - first_cut
+    end = at(position, at(count, begin + tot_len))
+    is_random = tf.logical_or(num_cuts == 0, coin < 0.5)
+    pick = uniform_below(cut_bits, tf.maximum(num_cuts, 1))
+    a_end = tf.where(num_cuts > 0, at(position, first_cut + pick), end)
     other_len = tf.maximum(1, tot_len - (a_end - begin))
-    other_begin = _uniform_int(seeds[2], 0, n - 1 - other_len)
+    other_begin = uniform_below(place_bits, n - other_len)
     other_end = other_begin + other_len
     # Widen to whole sentences (the reference stops the right end at n - 1).
-    other_begin = tf.reduce_max(tf.where(starts & (positions <= other_begin), positions, 0))
-    other_end = tf.reduce_min(tf.where(starts & (positions >= other_end), positions, n - 1))
+    last_before = at(count, other_begin + 1) - 1
+    other_begin = tf.where(last_before >= 0, at(position, tf.maximum(last_before, 0)), 0)
+    other_end = tf.minimum(at(position, at(count, other_end)), n - 1)
     b_begin = tf.where(is_random, other_begin, a_end)
     b_end = tf.where(is_random, other_end, end)
     a_len, b_len = trimmed_lengths(a_end - begin, b_end - b_begin, total=tot_len)
@@ -272,69 +302,112 @@ def permutation_lm_streams(
     reuse_goal, rest_goal = prediction_split(num_predict)
     row_len = steps_per_block * reuse_len + seq_len - reuse_len
     can_start = None if start_pieces is None else tf.constant(start_pieces, tf.bool)
-    sampler = dict(max_gram=max_gram, mask_alpha=mask_alpha, mask_beta=mask_beta)
+    sampler = dict(mask_alpha=mask_alpha, mask_beta=mask_beta)
+    # Examples are built a group at a time from their draws; a group's [G, L, L] masks stay
+    # near 16 MB whatever L.
+    group_size = max(1, min(64, 2**22 // seq_len**2))
 
-    def example(ids, starts, step, seed):
+    def draws(k, seed):
+        """Every random number of example k of a block (the only per-example work)."""
         seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 5))
+        parts = [(reuse_len, reuse_goal, seeds[1]), (tot_len, rest_goal, seeds[2])]
+        reuse, pair = (
+            sampler_draws(part_seed, n=size, goal=goal, max_gram=max_gram)
+            for size, goal, part_seed in parts
+        )
+        return {
+            "k": k,
+            **split_draws(seeds[0]),
+            **{f"reuse_{key}": v for key, v in reuse.items()},
+            **{f"pair_{key}": v for key, v in pair.items()},
+            "reuse_order": tf.random.stateless_uniform([perm_size], seeds[3]),
+            "rest_order": tf.random.stateless_uniform([perm_size], seeds[4]),
+        }
+
+    def group(ids, tables, d):
+        """A group's examples from its stacked draws (see the module docstring, steps 3-5)."""
+        step, row = d["k"] // batch_size, d["k"] % batch_size
         begin = (step + 1) * reuse_len
         a_len, b_begin, b_len, is_random = split_a_and_b(
-            starts, begin=begin, tot_len=tot_len, seed=seeds[0]
+            tables,
+            row=row,
+            begin=begin,
+            tot_len=tot_len,
+            coin=d["coin"],
+            cut_bits=d["cut_bits"],
+            place_bits=d["place_bits"],
         )
-        reuse = ids[begin - reuse_len : begin]
-        pair = tf.concat([ids[begin : begin + a_len], ids[b_begin : b_begin + b_len]], axis=0)
-        sep, cls = tf.constant([sep_id]), tf.constant([cls_id])
-        input_k = tf.concat([reuse, pair[:a_len], sep, pair[a_len:], sep, cls], axis=0)
+        del b_len  # a_len + b_len == tot_len
+        take = lambda offsets: tf.gather_nd(
+            ids, tf.stack([tf.broadcast_to(row[:, None], tf.shape(offsets)), offsets], axis=2)
+        )
+        reuse = take(begin[:, None] - reuse_len + tf.range(reuse_len))
+        j = tf.range(tot_len)[None, :]
+        pair = take(
+            tf.where(j < a_len[:, None], begin[:, None] + j, b_begin[:, None] + j - a_len[:, None])
+        )
         masks = [
-            sample_predicted(
-                n=size,
-                goal=goal,
-                seed=part_seed,
-                can_start=None if can_start is None else tf.gather(can_start, part),
+            predicted_from_draws(
+                d[f"{part}_grams"],
+                d[f"{part}_offsets"],
+                d[f"{part}_scores"],
+                can_start=None if can_start is None else tf.gather(can_start, tokens),
                 **sampler,
             )
-            for part, size, goal, part_seed in [
-                (reuse, reuse_len, reuse_goal, seeds[1]),
-                (pair, tot_len, rest_goal, seeds[2]),
-            ]
+            for part, tokens in [("reuse", reuse), ("pair", pair)]
         ]
-        no = tf.zeros([1], tf.bool)
-        is_masked = tf.concat([masks[0], masks[1][:a_len], no, masks[1][a_len:], no, no], axis=0)
-        positions = tf.range(seq_len)
-        first_sep = reuse_len + a_len
-        is_functional = (positions == first_sep) | (positions >= seq_len - 2)
-        orders = [tf.argsort(tf.random.stateless_uniform([perm_size], s)) for s in seeds[3:]]
+        # Position p >= reuse_len of the window holds pair token p - reuse_len before the first
+        # <sep> (at reuse_len + a_len) and p - reuse_len - 1 after it, up to the last two.
+        positions = tf.range(seq_len)[None, :]
+        first_sep = reuse_len + a_len[:, None]
+        in_pair = tf.logical_and(positions >= reuse_len, positions < seq_len - 2)
+        in_pair = tf.logical_and(in_pair, positions != first_sep)
+        j = positions - reuse_len - tf.cast(positions > first_sep, tf.int32)
+        j = tf.clip_by_value(j, 0, tot_len - 1)
+        functional_ids = tf.where(positions == seq_len - 1, cls_id, sep_id)
+        input_k = tf.where(
+            positions < reuse_len,
+            tf.pad(reuse, [[0, 0], [0, seq_len - reuse_len]]),
+            tf.where(in_pair, tf.gather(pair, j, batch_dims=1), functional_ids),
+        )
+        is_masked = tf.where(
+            positions < reuse_len,
+            tf.pad(masks[0], [[0, 0], [0, seq_len - reuse_len]]),
+            tf.logical_and(in_pair, tf.gather(masks[1], j, batch_dims=1)),
+        )
+        is_functional = tf.logical_or(positions == first_sep, positions >= seq_len - 2)
         features = permutation_features(
             input_k,
             is_masked,
             is_functional,
             reuse_len=reuse_len,
             num_predict=num_predict,
-            reuse_order=orders[0],
-            rest_order=orders[1],
+            reuse_order=tf.argsort(d["reuse_order"], axis=1),
+            rest_order=tf.argsort(d["rest_order"], axis=1),
         )
         features["seg_id"] = tf.where(
             positions <= first_sep, 0, tf.where(positions < seq_len - 1, 1, 2)
         )
         features["is_random"] = tf.cast(is_random, tf.int32)
-        return features
+        features = _with_shapes(features, seq_len=seq_len, num_predict=num_predict)
+        return {**features, "stream_row": row, "stream_step": step}
 
     def examples(block, seed):
         row_length = tf.size(block) // batch_size
         rows = tf.reshape(block[: batch_size * row_length], [batch_size, row_length])
-        ids, starts = rows // 2, rows % 2 == 1
+        ids, tables = rows // 2, sentence_tables(rows % 2 == 1)
         steps = (row_length - seq_len) // reuse_len + 1
-
-        def one(k):
-            k = tf.cast(k, tf.int32)
-            step, row = k // batch_size, k % batch_size
-            features = example(
-                ids[row], starts[row], step, tf.random.experimental.stateless_fold_in(seed, k)
-            )
-            features = _with_shapes(features, seq_len=seq_len, num_predict=num_predict)
-            return {**features, "stream_row": row, "stream_step": step}
-
         indices = tf.data.Dataset.range(tf.cast(steps * batch_size, tf.int64))
-        return indices.map(one, num_parallel_calls=tf.data.AUTOTUNE)
+
+        def drawn(k):
+            k = tf.cast(k, tf.int32)
+            return draws(k, tf.random.experimental.stateless_fold_in(seed, k))
+
+        drawn = indices.map(drawn, num_parallel_calls=tf.data.AUTOTUNE)
+        groups = drawn.batch(group_size).map(
+            functools.partial(group, ids, tables), num_parallel_calls=tf.data.AUTOTUNE
+        )
+        return groups.unbatch()
 
     blocks = lm.chunk_stream_batches(
         _document_streams(dataset, eod_id=eod_id),
@@ -351,11 +424,12 @@ def permutation_lm_streams(
 
 
 def _with_shapes(features, *, seq_len, num_predict):
+    """A group's features with their static shapes, [G, ...]."""
     shapes = {"perm_mask": [seq_len, seq_len], "target_mapping": [num_predict, seq_len]}
     shapes.update(dict.fromkeys(["target", "target_mask"], [num_predict]))
     shapes.update(dict.fromkeys(["input_k", "input_q", "seg_id"], [seq_len]))
     shapes["is_random"] = []
-    return {k: tf.ensure_shape(v, shapes[k]) for k, v in features.items()}
+    return {k: tf.ensure_shape(v, [None, *shapes[k]]) for k, v in features.items()}
 
 
 def permutation_lm(
