@@ -12,6 +12,7 @@ on one iterator after a warm-up, capped at `--objective_rows` rows per objective
 
     .venv/bin/python benchmarks/data_pipeline.py --peer_python=.venv-peers/bin/python
     .venv/bin/python benchmarks/data_pipeline.py --full_only   # that table alone
+    .venv/bin/python benchmarks/data_pipeline.py --full_only --tasks=xlnet,ernie   # some rows
 
 The pipeline is drained inside tf.data (`take(n).reduce`), so Python iteration does not cap the
 rate. Rates are medians over rounds.
@@ -240,13 +241,18 @@ def _time_full(
     return [total[0] / wall, total[1] / wall, total[2] / wall, 1e6 * cpu / total[0]]
 
 
-def worker(side: str, *, num_examples: int, warmup: int) -> dict[str, list[float]]:
+def worker(side: str, *, num_examples: int, warmup: int, tasks: str = "") -> dict[str, list[float]]:
     import seqio
 
     if side == "objectives_full":
+        pipelines = _full_pipelines()
+        wanted = [t for t in tasks.split(",") if t]
+        chosen = {k: v for k, v in pipelines.items() if not wanted or any(t in k for t in wanted)}
+        if not chosen:
+            raise ValueError(f"--tasks={tasks!r} matches none of {sorted(pipelines)}")
         return {
             label: _time_full(*spec, rows=num_examples, warmup=warmup)
-            for label, spec in _full_pipelines().items()
+            for label, spec in chosen.items()
         }
     if side == "t5":
         builders = {"span_corruption": _t5_pipeline}
@@ -265,6 +271,7 @@ def worker(side: str, *, num_examples: int, warmup: int) -> dict[str, list[float
 def _run_worker(python: str, side: str, args) -> dict[str, list[float]]:
     cmd = [python, os.path.abspath(__file__), f"--worker={side}"]
     cmd += [f"--num_examples={args.num_examples}", f"--warmup={args.warmup}"]
+    cmd += [f"--tasks={getattr(args, 'tasks', '')}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -279,10 +286,16 @@ def main() -> None:
     parser.add_argument("--objective_rows", type=int, default=1024)
     parser.add_argument("--objective_warmup", type=int, default=64)
     parser.add_argument("--full_only", action="store_true", help="only the full-pipeline table")
+    parser.add_argument(
+        "--tasks", default="", help="full-pipeline rows whose label has one of these substrings"
+    )
     parser.add_argument("--worker", choices=["lmsuite", "t5", "objectives", "objectives_full"])
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, num_examples=args.num_examples, warmup=args.warmup)))
+        rates = worker(
+            args.worker, num_examples=args.num_examples, warmup=args.warmup, tasks=args.tasks
+        )
+        print(json.dumps(rates))
         return
     if args.full_only:
         _print_full(args)
@@ -313,7 +326,9 @@ def main() -> None:
 
 
 def _print_full(args) -> None:
-    full = argparse.Namespace(num_examples=args.objective_rows, warmup=args.objective_warmup)
+    full = argparse.Namespace(
+        num_examples=args.objective_rows, warmup=args.objective_warmup, tasks=args.tasks
+    )
     print(
         f"examples/s of every objective's full pipeline (source -> converter, length 128, "
         f"{args.objective_rows} rows after {args.objective_warmup} warm-up, one run each):"

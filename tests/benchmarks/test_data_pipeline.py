@@ -32,6 +32,7 @@ def test_every_recipe_objective_has_a_row(pipelines):
         "wiki_sample_ernie2_sentence_distance",  # a multi-task row: four heads' labels
         "wiki_sample_bert_mlm_nsp (mlm_multitask)",
         "wiki_sample_txl_lm",  # token feature "targets"
+        "wiki_sample_xlnet_plm",  # examples built a group at a time
         "wiki_sample_bert_mlm",
     ],
 )
@@ -43,3 +44,11 @@ def test_rows_time_through_their_recipes_converter(pipelines, label):
     assert rows_per_sec > 0 and examples_per_sec >= rows_per_sec > 0
     assert tokens_per_sec > 10 * rows_per_sec  # real tokens were counted, not zero rows
     assert cpu_per_row > 0
+
+
+def test_tasks_filter_picks_rows_and_names_a_miss(pipelines):
+    module, _ = pipelines
+    rates = module.worker("objectives_full", num_examples=32, warmup=0, tasks="txl_lm,nope")
+    assert list(rates) == ["wiki_sample_txl_lm"]
+    with pytest.raises(ValueError, match="--tasks='nope' matches none of"):
+        module.worker("objectives_full", num_examples=32, warmup=0, tasks="nope")
