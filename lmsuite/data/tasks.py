@@ -69,8 +69,9 @@ def build_task(
     """Builds (and by default registers) the task `{corpus}_{objective}`.
 
     On an in-memory corpus, `memoize_tokens` tokenizes each document once per process
-    (`tokenization.tokenize_corpus_documents`) instead of once per epoch, and cuts encoder
-    chunks once too (`tokenization.corpus_encoder_chunks`); the examples are the same.
+    (`tokenization.tokenize_corpus_documents`, `tokenize_corpus_sentences`) instead of once per
+    epoch, and cuts encoder chunks once too (`tokenization.corpus_encoder_chunks`); the
+    examples are the same.
 
     Raises:
       ValueError: for an unknown objective, a corpus in the wrong language, or an objective
@@ -129,8 +130,9 @@ def corpus_task(
 
 
 def _memoized(steps: list, corpus) -> list:
-    """`steps` with `tokenize_documents` replaced by its once-per-corpus version, fused with a
-    following `chunks` into `tokenization.corpus_encoder_chunks`."""
+    """`steps` with `tokenize_documents` and `tokenize_sentences` replaced by their
+    once-per-corpus versions, the first fused with a following `chunks` into
+    `tokenization.corpus_encoder_chunks`."""
     out: list = []
     for step in steps:
         if _is(step, chunks) and out and _is(out[-1], tokenization.tokenize_corpus_documents):
@@ -139,6 +141,12 @@ def _memoized(steps: list, corpus) -> list:
             out.append(
                 functools.partial(
                     tokenization.tokenize_corpus_documents, corpus=corpus, **step.keywords
+                )
+            )
+        elif _is(step, tokenization.tokenize_sentences):
+            out.append(
+                functools.partial(
+                    tokenization.tokenize_corpus_sentences, corpus=corpus, **step.keywords
                 )
             )
         else:

@@ -13,6 +13,7 @@ segmentation; otherwise `word_starts` comes from `vocab.word_start_table` ("▁"
                        token_type_ids, each [<= max_seq_length]
   tokenize_corpus_documents: tokenize_documents for an in-memory corpus, run once over all of
                        its documents and then looked up by doc_id
+  tokenize_corpus_sentences: tokenize_sentences, the same way
   corpus_encoder_chunks: tokenize_documents + encoder_chunks, the same way
 
 Example (English, pieces "▁he", "llo", "▁you" = 40, 41, 42):
@@ -122,6 +123,79 @@ def tokenize_corpus_documents(
         index = _checked_index(index_of, features["doc_id"], corpus)
         begin, end = splits[index], splits[index + 1]
         return {**features, "targets": targets[begin:end], "word_starts": starts[begin:end]}
+
+    return dataset.map(add, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+_CORPUS_SENTENCES: dict = {}
+
+
+def _corpus_sentences(corpus, vocab) -> tuple:
+    """(doc ids, flat ids, flat word starts, sentence row splits, document sentence splits,
+    row-splits dtype) of every document of `corpus`, as `tokenize_sentences` makes them."""
+    key = (corpus.name, id(vocab))
+    with _CORPUS_MEMO_LOCK:
+        if key not in _CORPUS_SENTENCES:
+            doc_ids, ids, starts, lengths, counts = [], [], [], [], []
+            for split in corpora_base.SPLITS:
+                tokenized = tokenize_sentences(corpus.dataset(split), vocab=vocab)
+                splits_dtype = tokenized.element_spec["sentence_ids"].row_splits_dtype
+                parts = lambda ex: {
+                    "doc_id": ex["doc_id"],
+                    "ids": ex["sentence_ids"].flat_values,
+                    "starts": ex["sentence_word_starts"].flat_values,
+                    "lengths": ex["sentence_ids"].row_lengths(),
+                }
+                for ex in tokenized.map(parts).as_numpy_iterator():
+                    doc_ids.append(ex["doc_id"].decode())
+                    ids.append(ex["ids"])
+                    starts.append(ex["starts"])
+                    lengths.append(ex["lengths"])
+                    counts.append(len(ex["lengths"]))
+            flat = lambda rows, dtype: np.concatenate([np.zeros([0], dtype), *rows]).astype(dtype)
+            memo = (
+                doc_ids,
+                flat(ids, np.int32),
+                flat(starts, np.int32),
+                np.cumsum([0, *flat(lengths, np.int64)], dtype=np.int64),
+                np.cumsum([0, *counts], dtype=np.int64),
+                splits_dtype,
+            )
+            # The vocabulary is kept with its tokens: its id() stays unique while it is cached.
+            _CORPUS_SENTENCES[key] = (vocab, memo)
+        return _CORPUS_SENTENCES[key][1]
+
+
+def tokenize_corpus_sentences(
+    dataset: tf.data.Dataset, *, vocab: vocab_lib.CorpusVocabulary, corpus
+) -> tf.data.Dataset:
+    """`tokenize_sentences` for the documents of an in-memory `corpus` (`corpora.Corpus`).
+
+    As `tokenize_corpus_documents`: every document's sentences are tokenized once per process,
+    when the first dataset is built, and each example then looks them up by `doc_id`; the
+    output is `tokenize_sentences`'s (sentence-based objectives otherwise tokenized the corpus
+    again every epoch). A `doc_id` the corpus does not have fails naming it.
+    """
+    doc_ids, ids, starts, token_splits, sentence_splits, splits_dtype = _corpus_sentences(
+        corpus, vocab
+    )
+    index_of = _doc_index_table(doc_ids)
+    ids, starts = tf.constant(ids), tf.constant(starts)
+    token_splits, sentence_splits = tf.constant(token_splits), tf.constant(sentence_splits)
+
+    def add(features):
+        index = _checked_index(index_of, features["doc_id"], corpus)
+        splits = token_splits[sentence_splits[index] : sentence_splits[index + 1] + 1]
+        begin, end = splits[0], splits[-1]
+        row_splits = tf.cast(splits - begin, splits_dtype)
+        ragged = lambda values: tf.RaggedTensor.from_row_splits(
+            values[begin:end], row_splits, validate=False
+        )
+        return {
+            **features,
+            "sentence_ids": ragged(ids),
+            "sentence_word_starts": ragged(starts),
+        }
 
     return dataset.map(add, num_parallel_calls=tf.data.AUTOTUNE)
 

@@ -290,14 +290,25 @@ def test_masked_ids_length_sets_the_prediction_cap(tiny_vocab):
 
 @pytest.mark.parametrize(
     "corpus, objective",
-    [("wiki_sample", "bert_mlm"), ("shakespeare", "t5_span_corruption"), ("peoples_daily", "wwm")],
+    [
+        ("wiki_sample", "bert_mlm"),
+        ("shakespeare", "t5_span_corruption"),
+        ("peoples_daily", "wwm"),
+        ("wiki_sample", "xlnet_plm"),
+        ("wiki_sample", "ernie2_sentence_reordering"),
+    ],
 )
 def test_memoized_tokens_give_the_same_examples(corpus, objective):
     # Tokenizing each document once and looking it up by doc_id must not change a single
-    # example (peoples_daily: the segmented path, words tokenized one by one).
+    # example (peoples_daily: the segmented path, words tokenized one by one). Sentence
+    # objectives read `tokenize_corpus_sentences`, the others `tokenize_corpus_documents`.
     def examples(memoize):
         task = tasks.build_task(corpus, objective, register=False, memoize_tokens=memoize)
-        ds = task.get_dataset(_lengths(objective), split="train", shuffle=True, seed=4)
+        memo = tokenization.tokenize_corpus_sentences.__name__
+        names = [getattr(s, "func", s).__name__ for s in task.preprocessors]
+        assert (memo in names) == (memoize and objective != "t5_span_corruption")
+        shuffle = objective != "xlnet_plm"  # its stream refuses an example shuffle
+        ds = task.get_dataset(_lengths(objective), split="train", shuffle=shuffle, seed=4)
         return list(ds.take(150).as_numpy_iterator())
 
     plain, memoized = examples(False), examples(True)
@@ -353,11 +364,43 @@ def test_fixed_stride_steps_chunk_through_the_memo():
     memoized = tasks._memoized(steps, corpus)
     assert [s.func.__name__ for s in memoized] == ["_memoized_chunks"]
     steps = tasks.build_task("wiki_sample", "bert_mlm", register=False).preprocessors
-    assert [s.func.__name__ for s in steps] == ["tokenize_sentences", "_instances", "_masked"]
+    names = [s.func.__name__ for s in steps]
+    assert names == ["tokenize_corpus_sentences", "_instances", "_masked"]
+
+
+@pytest.mark.parametrize("corpus", ["wiki_sample", "peoples_daily"])
+def test_memoized_sentences_are_tokenize_sentences(corpus):
+    # Every document of a split, in order; peoples_daily takes the segmented path.
+    vocab = tasks.default_vocabulary(corpus)
+    docs = corpora.get_corpus(corpus).dataset("validation")
+    plain = tokenization.tokenize_sentences(docs, vocab=vocab)
+    memoized = tokenization.tokenize_corpus_sentences(
+        docs, vocab=vocab, corpus=corpora.get_corpus(corpus)
+    )
+    assert plain.element_spec == memoized.element_spec
+
+    def parts(ex):  # ragged features as their row splits and values
+        out = {k: v for k, v in ex.items() if k not in ("sentence_ids", "sentence_word_starts")}
+        for key in ("sentence_ids", "sentence_word_starts"):
+            out[f"{key}/splits"], out[f"{key}/values"] = ex[key].row_splits, ex[key].flat_values
+        return out
+
+    plain = list(plain.map(parts).as_numpy_iterator())
+    memoized = list(memoized.map(parts).as_numpy_iterator())
+    assert len(plain) == len(memoized) > 5
+    for a, b in zip(plain, memoized, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 @pytest.mark.parametrize(
-    "memo", [tokenization.tokenize_corpus_documents, tokenization.corpus_encoder_chunks]
+    "memo",
+    [
+        tokenization.tokenize_corpus_documents,
+        tokenization.tokenize_corpus_sentences,
+        tokenization.corpus_encoder_chunks,
+    ],
 )
 def test_memoized_tokens_name_an_unknown_document(memo):
     vocab = tasks.default_vocabulary("wiki_sample")
