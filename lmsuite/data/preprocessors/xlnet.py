@@ -399,11 +399,11 @@ def permutation_lm_streams(
         steps = (row_length - seq_len) // reuse_len + 1
         indices = tf.data.Dataset.range(tf.cast(steps * batch_size, tf.int64))
 
-        def drawn(k):
+        def draw(k):  # example k's own seed, as each example has had
             k = tf.cast(k, tf.int32)
             return draws(k, tf.random.experimental.stateless_fold_in(seed, k))
 
-        drawn = indices.map(drawn, num_parallel_calls=tf.data.AUTOTUNE)
+        drawn = indices.map(draw, num_parallel_calls=tf.data.AUTOTUNE)
         groups = drawn.batch(group_size).map(
             functools.partial(group, ids, tables), num_parallel_calls=tf.data.AUTOTUNE
         )
