@@ -1,18 +1,13 @@
 """`benchmarks/data_pipeline.py`'s table of every objective's full pipeline: each row builds."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "data_pipeline.py"
+from tests.benchmarks import scripts
 
 
 @pytest.fixture(scope="module")
 def pipelines():
-    spec = importlib.util.spec_from_file_location("data_pipeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = scripts.load("data_pipeline")
     return module, module._full_pipelines()
 
 

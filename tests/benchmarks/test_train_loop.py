@@ -1,20 +1,14 @@
 """`benchmarks/train_loop.py`'s bare step builds for the runs the loop trains: it had failed on a
 mixture's label heads and on a carried state (XLNet's memory), each found only when run."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_loop.py"
+from tests.benchmarks import scripts
 
 
 @pytest.fixture(scope="module")
 def train_loop():
-    spec = importlib.util.spec_from_file_location("train_loop", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return scripts.load("train_loop")
 
 
 @pytest.mark.parametrize(
