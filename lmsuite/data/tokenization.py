@@ -264,22 +264,39 @@ def tokenize_sentences(
 def passage_ids(lengths: tf.Tensor, *, max_tokens: int) -> tf.Tensor:
     """Greedy grouping of consecutive items into passages of at most `max_tokens` tokens.
 
-    An item longer than `max_tokens` gets a passage of its own.
+    An item longer than `max_tokens` gets a passage of its own. Int64 [S]; lengths >= 0.
     Example (max_tokens 5): lengths [2, 3, 1, 6, 2] -> [0, 0, 1, 2, 3].
+
+    The rule is a loop over the items (a new passage where the one open already holds tokens
+    and the item would overflow it); a `tf.scan` of it ran once per sentence, a few hundred
+    turns for a Wikipedia article, and was most of an ERNIE 2.0 row's passage work. Without
+    it: the passage that would start at item s ends where a search of the running token count
+    says it overflows (but not before its first item with tokens), which gives every item a
+    successor; the passages that do start are the successors of item 0, found by pointer
+    doubling in log2(S) steps.
     """
-
-    def step(state, length):
-        passage, used = state
-        new = tf.logical_and(used > 0, used + length > max_tokens)
-        passage = passage + tf.cast(new, tf.int64)
-        used = tf.where(new, length, used + length)
-        return passage, used
-
     lengths = tf.cast(lengths, tf.int64)
-    ids, _ = tf.scan(
-        step, lengths, initializer=(tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    size = tf.size(lengths, out_type=tf.int64)
+    ends = tf.concat([[0], tf.cumsum(lengths)], 0)  # tokens before item i, [S + 1]
+    before = ends[:-1]
+    fits = tf.searchsorted(ends, before + max_tokens, side="right", out_type=tf.int64) - 1
+    first_tokens = tf.minimum(tf.searchsorted(ends, before, side="right", out_type=tf.int64), size)
+    # successor[s]: the item after a passage that starts at s; item S is the end (its own).
+    successor = tf.concat([tf.maximum(fits, first_tokens), [size]], 0)
+    starts = tf.equal(tf.range(size + 1), 0)
+
+    def double(starts, successor, reach):
+        # `starts` holds the first `reach` passage starts; their successors `reach` links on
+        # give the next `reach`.
+        hit = tf.math.unsorted_segment_max(tf.cast(starts, tf.int32), successor, size + 1)
+        return starts | (hit > 0), tf.gather(successor, successor), reach * 2
+
+    starts, _, _ = tf.while_loop(
+        lambda starts, successor, reach: reach < size,
+        double,
+        (starts, successor, tf.constant(1, tf.int64)),
     )
-    return ids
+    return tf.cumsum(tf.cast(starts[:-1], tf.int64)) - 1
 
 
 def segmented_passages(

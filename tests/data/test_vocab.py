@@ -115,6 +115,48 @@ def test_passage_ids_are_greedy():
     assert ids.numpy().tolist() == [0, 0, 1, 2, 3]
 
 
+def _greedy_passages(lengths, max_tokens):
+    """The rule as a loop (what passage_ids replaced its scan of)."""
+    out, passage, used = [], 0, 0
+    for n in lengths:
+        if used > 0 and used + n > max_tokens:
+            passage, used = passage + 1, 0
+        used += n
+        out.append(passage)
+    return out
+
+
+@pytest.mark.parametrize(
+    "lengths, max_tokens",
+    [
+        ([], 5),
+        ([7], 5),
+        ([0, 0, 0], 5),
+        ([0, 7, 2], 5),  # an empty item opens a passage that a long one still joins
+        ([7, 0, 2], 5),  # an empty item after a long one opens the next
+        ([5, 5, 5], 5),
+        ([1] * 40, 1),
+        ([1] * 40, 3),
+    ],
+)
+def test_passage_ids_follow_the_loop_on_edge_cases(lengths, max_tokens):
+    got = tokenization.passage_ids(tf.constant(lengths, tf.int32), max_tokens=max_tokens)
+    assert got.dtype == tf.int64
+    assert got.numpy().tolist() == _greedy_passages(lengths, max_tokens)
+
+
+def test_passage_ids_follow_the_loop_on_random_lengths():
+    rng = np.random.default_rng(0)
+    traced = tf.function(tokenization.passage_ids, reduce_retracing=True)
+    for case in range(150):
+        max_tokens = int(rng.integers(1, 12))
+        lengths = rng.integers(0, 3 * max_tokens, int(rng.integers(0, 70)))
+        lengths[rng.random(lengths.size) < 0.3 * (case % 3)] = 0
+        expected = _greedy_passages(lengths.tolist(), max_tokens)
+        fn = traced if case % 2 else tokenization.passage_ids
+        assert fn(tf.constant(lengths), max_tokens=max_tokens).numpy().tolist() == expected
+
+
 def test_encoder_chunks():
     dataset = tf.data.Dataset.from_tensors(
         {"targets": tf.constant([10, 11, 12, 13]), "word_starts": tf.constant([1, 0, 1, 1])}

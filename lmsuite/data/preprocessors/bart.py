@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import seqio
 import tensorflow as tf
 
+from lmsuite.data import tokenization
 from lmsuite.data.preprocessors import lm
 
 # Poisson draws beyond the budget, so that their sum reaches it (P(fail) <= e^{-20 lambda}).
@@ -171,15 +172,10 @@ def pack_sentences(dataset: tf.data.Dataset, *, max_tokens: int) -> tf.data.Data
 
     def blocks(x):
         pieces = {k: cut(x[k]) for k in keys if k in x}
-        lengths = tf.cast(pieces["sentence_ids"].row_lengths(), tf.int32)
-
-        def step(state, n):
-            block, used = state[0], state[1]
-            new = tf.logical_and(used > 0, used + n > max_tokens)
-            return tf.stack([block + tf.cast(new, tf.int32), tf.where(new, n, used + n)])
-
-        block_of = tf.scan(step, lengths, initializer=tf.constant([0, 0]))[:, 0]
-        row_lengths = tf.math.bincount(block_of, minlength=0)
+        block_of = tokenization.passage_ids(
+            pieces["sentence_ids"].row_lengths(), max_tokens=max_tokens
+        )
+        row_lengths = tf.math.bincount(tf.cast(block_of, tf.int32), minlength=0)
         return {
             k: tf.RaggedTensor.from_row_lengths(v, tf.cast(row_lengths, tf.int64))
             for k, v in pieces.items()
