@@ -188,13 +188,16 @@ def _ernie2_rows(dataset, sequence_length, *, vocab, task):
 
 
 def _ernie2_masked(dataset, sequence_length, *, vocab, task):
+    """ERNIE 2.0's word masking, `mask_words` on each row, run on groups of rows from each
+    row's own draws (`mlm.grouped_dynamic_masking`'s `draw_fn`): the same masks."""
     spec = _spec(vocab, sequence_length, masking="ernie")
+    draw = functools.partial(ernie2.word_mask_draws, spec=spec)
     if task == "sentence_reordering":
         ids = vocab_lib.special_ids(vocab)
-        return mlm.dynamic_masking(
-            dataset, mask_fn=ernie2.reorder_and_mask, spec=spec, cls_id=ids.cls, sep_id=ids.sep
-        )
-    return mlm.dynamic_masking(dataset, mask_fn=ernie2.mask_words, spec=spec)
+        draw = functools.partial(ernie2.reorder_and_draw, spec=spec, cls_id=ids.cls, sep_id=ids.sep)
+    return mlm.grouped_dynamic_masking(
+        dataset, draw_fn=draw, mask_fn=functools.partial(ernie2.mask_drawn_words, spec=spec)
+    )
 
 
 def _ernie2_steps(task):

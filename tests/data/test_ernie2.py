@@ -1,11 +1,13 @@
 """Oracle and statistics tests for ERNIE 2.0's word- and structure-aware tasks."""
 
 import collections
+import functools
 import itertools
 import unicodedata
 
 import numpy as np
 import pytest
+import seqio
 import tensorflow as tf
 from scipy import stats
 
@@ -284,6 +286,187 @@ def test_masking_takes_whole_words_and_keeps_the_task_features():
         assert all(set(words[p]) <= positions for p in positions)
         seen += k
     assert seen > 0
+
+
+def _word_rows(count, *, seed):
+    """Rows [CLS] words [SEP] of 4-60 tokens, words of 1-3 pieces, a special inside some."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        n = int(rng.integers(2, 59))
+        starts = (rng.random(n) < 0.6).astype(np.int32)
+        starts[0] = 1
+        ids = rng.integers(10, 1000, n).astype(np.int32)
+        if n > 5 and rng.random() < 0.3:
+            ids[n // 2], starts[n // 2] = SEP, 1
+        rows.append(
+            {
+                "input_ids": np.concatenate([[CLS], ids, [SEP]]).astype(np.int32),
+                "word_starts": np.concatenate([[1], starts, [1]]).astype(np.int32),
+                ernie2.CAPITALIZATION_KEY: rng.integers(0, 2, n + 2).astype(np.int32),
+                ernie2.REORDER_KEY: np.int32(rng.integers(0, 9)),
+            }
+        )
+    return rows
+
+
+def _masked_by_a_loop(row, drawn, spec):
+    """ERNIE's word masking restated from one row's draws: units chosen at < 0.15, visited in
+    the order of their order draws and kept while they fit, then 80/10/10 per token. Also
+    returns how many chosen units did not fit."""
+    ids, starts = row["input_ids"], row["word_starts"]
+    maskable = ~np.isin(ids, spec.special_ids)
+    units = []
+    for i in range(ids.size):
+        if maskable[i] and (starts[i] or not maskable[i - 1]):
+            units.append([i])
+        elif maskable[i]:
+            units[-1].append(i)
+    assert len(units) <= drawn["select"].size == drawn["order"].size == ids.size
+    select, order = drawn["select"][: len(units)], drawn["order"][: len(units)]
+    remaining, selected, skipped = spec.budget_limit, [], 0
+    for u in np.argsort(order, kind="stable"):
+        if select[u] < ernie2.ernie.UNIT_RATE and len(units[u]) <= remaining:
+            remaining -= len(units[u])
+            selected += units[u]
+        else:
+            skipped += select[u] < ernie2.ernie.UNIT_RATE
+    selected = sorted(selected)
+    corrupted = ids.copy()
+    for i in selected:
+        if drawn["decisions"][i] < 0.8:
+            corrupted[i] = spec.mask_id
+        elif drawn["decisions"][i] < 0.9:
+            corrupted[i] = drawn["random_ids"][i]
+    pad = spec.max_predictions - len(selected)
+    return {
+        "input_ids": corrupted,
+        "masked_positions": np.array(selected + [0] * pad),
+        "masked_ids": np.array([ids[i] for i in selected] + [0] * pad),
+        "masked_weights": np.array([1.0] * len(selected) + [0.0] * pad),
+    }, skipped
+
+
+def test_unit_draws_per_token_are_the_draws_per_unit():
+    """Unit u uses the row's draw u: the number a draw of one per unit gives it (what the
+    maskers drew before; a stateless draw of n numbers is the first n of a longer one)."""
+    for s in range(60):
+        seed = tf.constant([s, 5])
+        select, order = ernie2.ernie.unit_draws(tf.constant([130]), seed=seed)
+        select_seed, order_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        for units in (0, 1, 3, 4, 5, 64, 129, 130):
+            np.testing.assert_array_equal(
+                select[:units], tf.random.stateless_uniform([units], select_seed)
+            )
+            np.testing.assert_array_equal(
+                order[:units], tf.random.stateless_uniform([units], order_seed)
+            )
+
+
+def test_grouped_word_masking_follows_a_loop_over_each_rows_draws():
+    spec = mlm.MlmSpec(
+        mask_id=MASK, vocab_size=1000, special_ids=(0, 1, 2, 3, 4), max_predictions=6
+    )
+    rows = _word_rows(48, seed=0)
+    drawn = [
+        {
+            k.split("/")[-1]: v.numpy()
+            for k, v in ernie2.word_mask_draws(
+                {k: tf.constant(v) for k, v in row.items()}, seed=tf.constant([i, 7]), spec=spec
+            ).items()
+            if k.startswith(ernie2._DRAWS)
+        }
+        for i, row in enumerate(rows)
+    ]
+    with_draws = [
+        {**row, **{ernie2._DRAWS + k: v for k, v in d.items()}}
+        for row, d in zip(rows, drawn, strict=True)
+    ]
+    lengths = [row["input_ids"].size for row in rows]
+    group = next(
+        iter(
+            tf.data.Dataset.from_generator(
+                lambda: iter(with_draws),
+                output_signature={
+                    k: tf.TensorSpec(np.shape(v) and [None], tf.as_dtype(np.asarray(v).dtype))
+                    for k, v in with_draws[0].items()
+                },
+            ).padded_batch(len(rows))
+        )
+    )
+    out = ernie2.mask_drawn_words(group, lengths=tf.constant(lengths), spec=spec)
+    overflowed = 0
+    for i, (row, d) in enumerate(zip(rows, drawn, strict=True)):
+        expected, skipped = _masked_by_a_loop(row, d, spec)
+        n = lengths[i]
+        for key, value in expected.items():
+            got = out[key][i].numpy()
+            np.testing.assert_array_equal(got[:n] if key == "input_ids" else got, value, key)
+        assert out[ernie2.CAPITALIZATION_KEY][i, :n].numpy().tolist() == list(
+            row[ernie2.CAPITALIZATION_KEY]
+        )
+        assert not any(k.startswith(ernie2._DRAWS) for k in out)
+        overflowed += skipped > 0
+    assert overflowed >= 5  # the fit-or-skip path, not only rows whose chosen words all fit
+
+
+@pytest.mark.parametrize("reordering", [False, True])
+def test_tasks_mask_groups_of_rows_as_each_row_alone(reordering):
+    """The tasks' grouped masking (per-row seeds, padded groups, rows cut back) gives each row
+    what the one-row masker gives it under the same SeqIO seeds."""
+    if reordering:
+        passages = [
+            {
+                "sentence_ids": tf.RaggedTensor.from_row_lengths(
+                    r["input_ids"][1:-1], [n, len(r["input_ids"]) - 2 - n]
+                ),
+                "sentence_word_starts": tf.RaggedTensor.from_row_lengths(
+                    r["word_starts"][1:-1], [n, len(r["input_ids"]) - 2 - n]
+                ),
+            }
+            for r, n in zip(_word_rows(70, seed=1), itertools.cycle([1, 2]), strict=False)
+        ]
+        dataset = tf.data.Dataset.from_generator(
+            lambda: iter(passages),
+            output_signature={
+                k: tf.RaggedTensorSpec([None, None], tf.int32, 1) for k in passages[0]
+            },
+        )
+        kwargs = {"spec": SPEC, "cls_id": CLS, "sep_id": SEP}
+        one = functools.partial(ernie2.reorder_and_mask, **kwargs)
+        draw = functools.partial(ernie2.reorder_and_draw, **kwargs)
+    else:
+        rows = _word_rows(70, seed=1)
+        dataset = tf.data.Dataset.from_tensor_slices(
+            {
+                k: tf.ragged.constant([r[k] for r in rows])
+                if np.ndim(rows[0][k])
+                else [r[k] for r in rows]
+                for k in rows[0]
+            }
+        ).map(
+            lambda x: {
+                k: v.flat_values if isinstance(v, tf.RaggedTensor) else v for k, v in x.items()
+            }
+        )
+        one = functools.partial(ernie2.mask_words, spec=SPEC)
+        draw = functools.partial(ernie2.word_mask_draws, spec=SPEC)
+    with seqio.map_seed_manager(11):
+        alone = list(mlm.dynamic_masking(dataset, mask_fn=one).as_numpy_iterator())
+    with seqio.map_seed_manager(11):
+        grouped = mlm.grouped_dynamic_masking(
+            dataset,
+            draw_fn=draw,
+            mask_fn=functools.partial(ernie2.mask_drawn_words, spec=SPEC),
+            group_size=16,
+        )
+        grouped = list(grouped.as_numpy_iterator())
+    assert len(grouped) == len(alone) == 70
+    for a, g in zip(alone, grouped, strict=True):
+        assert sorted(a) == sorted(g)
+        for key in a:
+            np.testing.assert_array_equal(g[key], a[key], key)
+    assert sum(int(a["masked_weights"].sum()) for a in alone) > 100
 
 
 def test_converter_pads_token_labels_to_the_length():

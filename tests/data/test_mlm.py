@@ -172,6 +172,38 @@ def test_grouped_masking_handles_short_rows_and_rejects_2d_features():
         mlm.grouped_dynamic_masking(matrix, mask_fn=mlm.mask_tokens, spec=_spec())
 
 
+def test_grouped_masking_takes_features_of_one_static_length():
+    """A 1-D feature with a static length is batched dense, the others ragged: the rows are
+    those of the same data with no static length, each feature at its own length."""
+    rows = [np.array(r, np.int32) for r in _documents(20, seed=3, min_len=30)]
+    examples = [
+        {"input_ids": np.resize(r, 30), "extra": r[: 5 + i % 7], "label": i}
+        for i, r in enumerate(rows)
+    ]
+
+    def run(input_length):
+        signature = {
+            "input_ids": tf.TensorSpec([input_length], tf.int32),
+            "extra": tf.TensorSpec([None], tf.int32),
+            "label": tf.TensorSpec([], tf.int32),
+        }
+        dataset = tf.data.Dataset.from_generator(lambda: iter(examples), output_signature=signature)
+        with seqio.map_seed_manager(9):
+            masked = mlm.grouped_dynamic_masking(
+                dataset, mask_fn=mlm.mask_tokens, spec=_spec(), group_size=8
+            )
+            return list(masked.as_numpy_iterator())
+
+    fixed, unknown = run(30), run(None)
+    assert len(fixed) == len(unknown) == 20
+    for i, (a, b) in enumerate(zip(fixed, unknown, strict=True)):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], key)
+        np.testing.assert_array_equal(a["extra"], examples[i]["extra"])
+        assert a["masked_weights"].sum() > 0
+
+
 def test_static_masking_materialises_dupe_factor_fixed_copies():
     rows = _documents(5, seed=5, min_len=60)
     with seqio.map_seed_manager(11):

@@ -108,6 +108,24 @@ def test_greedy_fit_edge_cases(lengths, budget):
     )
 
 
+@pytest.mark.parametrize("per_row_budget", [False, True])
+def test_greedy_fit_on_a_group_fits_each_row_as_alone(per_row_budget):
+    """Rows of a group finish at different loop turns (one fits at once, one loops longest)."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 6, size=(12, 30))
+    lengths[rng.random(lengths.shape) < 0.4] = np.iinfo(np.int32).max
+    lengths[0] = 1  # every unit fits: no loop turn
+    lengths[1] = np.tile([5, 1], 15)  # the 5s overflow late: the most turns
+    budgets = rng.integers(-1, 25, size=12) if per_row_budget else np.full(12, 9)
+    fit = tf.function(whole_word.greedy_fit)  # traced, as tf.data runs it
+    got = fit(
+        tf.constant(lengths, tf.int32),
+        tf.constant(budgets if per_row_budget else 9, tf.int32),
+    )
+    expected = [_fit_or_skip(row, budget) for row, budget in zip(lengths, budgets, strict=True)]
+    np.testing.assert_array_equal(got, np.array(expected, bool))
+
+
 def test_whole_words_within_budget_and_fit_or_skip_is_tight():
     rows = worded_rows(200, seed=1)
     short = 0

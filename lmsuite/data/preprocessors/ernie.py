@@ -121,20 +121,68 @@ def choose_units_independently(
     Example: maskable [F, T, T, T, F], unit_starts [1, 1, 0, 1, 1] (units "1 2" and "3"),
     draws 0.05 and 0.6 (rate 0.15) -> [F, T, T, F, F].
     """
+    select_draws, order_draws = unit_draws(tf.shape(maskable), seed=seed)
+    return choose_drawn_units(
+        maskable[None],
+        unit_starts[None],
+        select_draws=select_draws[None],
+        order_draws=order_draws[None],
+        rate=rate,
+        limit=limit,
+    )[0]
+
+
+def unit_draws(shape: tf.Tensor, *, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The uniform float32 draws of `choose_units_independently` for rows of `shape` [..., L]:
+    (selection, visiting order), one per token. Unit u of a row uses draw u (a row has no more
+    units than tokens): the same numbers as one draw per unit, since a stateless draw of n
+    numbers is the first n of a longer one (a test checks it), and no unit count per row."""
+    select_seed, order_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    return (
+        tf.random.stateless_uniform(shape, select_seed),
+        tf.random.stateless_uniform(shape, order_seed),
+    )
+
+
+def choose_drawn_units(
+    maskable: tf.Tensor,
+    unit_starts: tf.Tensor,
+    *,
+    select_draws: tf.Tensor,
+    order_draws: tf.Tensor,
+    rate: float = UNIT_RATE,
+    limit: int | tf.Tensor,
+) -> tf.Tensor:
+    """`choose_units_independently` for a group of rows [G, L], from each row's `unit_draws`
+    [G, U] (U at least the most units of a row; draws past a row's units are not used)."""
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"rate={rate}, expected in (0, 1]")
-    select_seed, order_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    index, num_units = whole_word.unit_index(maskable, unit_starts)
-    lengths = whole_word.unit_lengths(index, num_units)
-    chosen = tf.random.stateless_uniform([num_units], select_seed) < rate
-    order = tf.argsort(tf.random.stateless_uniform([num_units], order_seed), stable=True)
+    shape = tf.shape(maskable)
+    previous = tf.concat([tf.zeros([shape[0], 1], tf.bool), maskable[:, :-1]], axis=1)
+    starts = maskable & (tf.cast(unit_starts, tf.bool) | ~previous)
+    index = tf.where(maskable, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, -1)
+    width = tf.shape(select_draws)[1]
+    valid = tf.range(width)[None, :] < tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)[:, None]
+    # Tokens per unit; every non-maskable token counts towards a dropped last column.
+    slot = tf.where(index >= 0, index, width) + (width + 1) * tf.range(shape[0])[:, None]
+    lengths = tf.reshape(
+        tf.math.unsorted_segment_sum(tf.ones_like(slot), slot, shape[0] * (width + 1)),
+        [shape[0], width + 1],
+    )[:, :width]
+    # Draws past a row's units would choose empty units (each a loop turn of the fit).
+    chosen = valid & (select_draws < rate)
+    # A row's own units keep the order of their draws; the never-chosen rest may interleave.
+    order = tf.argsort(order_draws, axis=1, stable=True)
     too_long = tf.int32.max  # never fits: unselected units are never taken
-    in_order = tf.where(tf.gather(chosen, order), tf.gather(lengths, order), too_long)
-    taken_in_order = whole_word.greedy_fit(in_order, tf.cast(limit, tf.int32))
-    taken = tf.scatter_nd(order[:, None], taken_in_order, [num_units])
-    return maskable & tf.gather(
-        tf.concat([taken, [False]], 0), tf.where(index >= 0, index, num_units)
+    in_order = tf.where(
+        tf.gather(chosen, order, batch_dims=1),
+        tf.gather(lengths, order, batch_dims=1),
+        too_long,
     )
+    taken_in_order = whole_word.greedy_fit(in_order, tf.cast(limit, tf.int32))
+    taken = tf.gather(taken_in_order, tf.argsort(order, axis=1, stable=True), batch_dims=1)
+    taken = tf.concat([taken, tf.zeros([shape[0], 1], tf.bool)], axis=1)
+    return maskable & tf.gather(taken, tf.where(index >= 0, index, width), batch_dims=1)
 
 
 def mask_ernie(

@@ -188,6 +188,37 @@ def maskable_tokens(
     return maskable
 
 
+def replacement_draws(shape: tf.Tensor, *, seed: tf.Tensor, spec: MlmSpec):
+    """(uniform float32 decision draws, random replacement ids), each of `shape`: every random
+    number `apply_replacements` uses, for maskers that draw per example and corrupt a group."""
+    decision_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    draws = tf.random.stateless_uniform(shape, decision_seed, dtype=tf.float32)
+    pool = tf.constant(spec.replacement_ids)
+    random_ids = tf.gather(
+        pool,
+        tf.random.stateless_uniform(
+            shape, random_seed, minval=0, maxval=pool.shape[0], dtype=tf.int32
+        ),
+    )
+    return draws, random_ids
+
+
+def replace_selected(
+    input_ids: tf.Tensor,
+    selected: tf.Tensor,
+    *,
+    draws: tf.Tensor,
+    random_ids: tf.Tensor,
+    spec: MlmSpec,
+) -> tf.Tensor:
+    """Corrupts the selected positions from given `replacement_draws`: [MASK] where the draw
+    is below `mask_fraction`, the random id below `mask_fraction + random_fraction`, else kept."""
+    to_mask = selected & (draws < spec.mask_fraction)
+    to_random = selected & ~to_mask & (draws < spec.mask_fraction + spec.random_fraction)
+    out = tf.where(to_random, tf.cast(random_ids, input_ids.dtype), input_ids)
+    return tf.where(to_mask, tf.cast(spec.mask_id, input_ids.dtype), out)
+
+
 def apply_replacements(
     input_ids: tf.Tensor,
     selected: tf.Tensor,
@@ -205,22 +236,10 @@ def apply_replacements(
     Example: ids [2, 17, 18, 19, 3], selected [F, T, F, T, F], draws 0.3 and 0.95
     -> [2, 4, 18, 19, 3] (17 masked, 19 kept).
     """
-    shape = tf.shape(input_ids)
-    decision_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    draws = tf.random.stateless_uniform(shape, decision_seed, dtype=tf.float32)
+    draws, random_ids = replacement_draws(tf.shape(input_ids), seed=seed, spec=spec)
     if decision_index is not None:
         draws = tf.gather(draws, decision_index, batch_dims=input_ids.shape.rank - 1)
-    pool = tf.constant(spec.replacement_ids)
-    random_ids = tf.gather(
-        pool,
-        tf.random.stateless_uniform(
-            shape, random_seed, minval=0, maxval=pool.shape[0], dtype=tf.int32
-        ),
-    )
-    to_mask = selected & (draws < spec.mask_fraction)
-    to_random = selected & ~to_mask & (draws < spec.mask_fraction + spec.random_fraction)
-    out = tf.where(to_random, tf.cast(random_ids, input_ids.dtype), input_ids)
-    return tf.where(to_mask, tf.cast(spec.mask_id, input_ids.dtype), out)
+    return replace_selected(input_ids, selected, draws=draws, random_ids=random_ids, spec=spec)
 
 
 def pad_to(values: tf.Tensor, width: int, *, name: str) -> tf.Tensor:
@@ -270,16 +289,28 @@ def finish_masking(
     features: Features,
     selected: tf.Tensor,
     *,
-    seed: tf.Tensor,
+    seed: tf.Tensor | None = None,
     spec: MlmSpec,
     decision_index: tf.Tensor | None = None,
+    drawn: tuple[tf.Tensor, tf.Tensor] | None = None,
 ) -> Features:
-    """Applies replacements and adds the prediction features; drops `no_mask`."""
+    """Applies replacements and adds the prediction features; drops `no_mask`.
+
+    The replacements are drawn from `seed`, or given as `drawn` (`replacement_draws`' pair).
+    """
+    if (seed is None) == (drawn is None):
+        raise ValueError("finish_masking takes a seed or drawn replacements, exactly one")
     out = {k: v for k, v in features.items() if k != NO_MASK_KEY}
     original = features["input_ids"]
-    out["input_ids"] = apply_replacements(
-        original, selected, seed=seed, spec=spec, decision_index=decision_index
-    )
+    if drawn is None:
+        out["input_ids"] = apply_replacements(
+            original, selected, seed=seed, spec=spec, decision_index=decision_index
+        )
+    else:
+        draws, random_ids = drawn
+        out["input_ids"] = replace_selected(
+            original, selected, draws=draws, random_ids=random_ids, spec=spec
+        )
     out.update(prediction_features(original, selected, spec=spec))
     return out
 
@@ -339,11 +370,15 @@ def dynamic_masking(dataset: tf.data.Dataset, *, mask_fn: MaskFn, **kwargs) -> t
 
 
 GROUP_SIZE = 32
-_LENGTH_PREFIX = "__length__/"
 
 
 def grouped_dynamic_masking(
-    dataset: tf.data.Dataset, *, mask_fn: MaskFn, group_size: int = GROUP_SIZE, **kwargs
+    dataset: tf.data.Dataset,
+    *,
+    mask_fn: MaskFn,
+    group_size: int = GROUP_SIZE,
+    draw_fn: MaskFn | None = None,
+    **kwargs,
 ) -> tf.data.Dataset:
     """`dynamic_masking` in groups: `mask_fn(rows, seed=..., lengths=..., **kwargs)` on each
     `group_size` consecutive examples, zero-padded to the group's longest, one SeqIO seed per
@@ -353,6 +388,12 @@ def grouped_dynamic_masking(
     draws from the group's seed. `mask_fn` must mask rows independently (as `mask_tokens`).
     Features must be scalars or 1-D.
 
+    With `draw_fn`, each example first draws its own random numbers as 1-D features,
+    `draw_fn(features, seed=..., **kwargs)` with SeqIO's per-example seed (as `dynamic_masking`
+    would give its `mask_fn`), and `mask_fn(rows, lengths=..., **kwargs)` gets no seed: the
+    rows are then exactly those of the per-example masker whose draws these are, its random
+    streams kept, and only the per-example draws are not grouped.
+
     Example (group_size 2): [{"input_ids": [2, 9, 3]}, {"input_ids": [2, 8, 7, 3]}]
       -> one call on input_ids [[2, 9, 3, 0], [2, 8, 7, 3]], lengths [3, 4]
       -> [{"input_ids": [2, 4, 3], "masked_positions": [1, 0, ...], ...},
@@ -360,6 +401,8 @@ def grouped_dynamic_masking(
     """
     if group_size < 1:
         raise ValueError(f"group_size={group_size}, expected >= 1")
+    if draw_fn is not None:
+        dataset = dynamic_masking(dataset, mask_fn=draw_fn, **kwargs)
     bad = {
         k: spec.shape
         for k, spec in dataset.element_spec.items()
@@ -369,26 +412,30 @@ def grouped_dynamic_masking(
         raise ValueError(f"grouped masking takes scalar or 1-D features; got shapes {bad}")
     sequences = [k for k, spec in dataset.element_spec.items() if spec.shape.rank == 1]
 
-    def add_lengths(features):
-        return {**features, **{_LENGTH_PREFIX + k: tf.size(features[k]) for k in sequences}}
-
-    @seqio.map_over_dataset(num_seeds=1)
     @tf.autograph.experimental.do_not_convert
-    def mask_group(rows, seed):
-        lengths = {k: v for k, v in rows.items() if k.startswith(_LENGTH_PREFIX)}
-        rows = {k: v for k, v in rows.items() if k not in lengths}
-        out = mask_fn(rows, seed=seed, lengths=lengths[_LENGTH_PREFIX + "input_ids"], **kwargs)
-        return {**out, **lengths}
-
-    def cut(features):
-        out = {k: v for k, v in features.items() if not k.startswith(_LENGTH_PREFIX)}
-        for k in sequences:
+    def mask_group(rows, seed=None):
+        # A ragged batch keeps each row's own lengths: padded here and cut back here, with
+        # no per-row map before or after the group.
+        # (A feature of one static length for every row comes dense.)
+        lengths = {
+            k: rows[k].row_lengths() for k in sequences if isinstance(rows[k], tf.RaggedTensor)
+        }
+        rows = {k: v.to_tensor() if k in lengths else v for k, v in rows.items()}
+        ids = rows["input_ids"]
+        num_tokens = lengths.get("input_ids", tf.fill(tf.shape(ids)[:1], tf.shape(ids)[1]))
+        seeded = {} if draw_fn is not None else {"seed": seed}
+        out = mask_fn(rows, lengths=tf.cast(num_tokens, tf.int32), **seeded, **kwargs)
+        for k, row_lengths in lengths.items():
             if k in out:
-                out[k] = out[k][: features[_LENGTH_PREFIX + k]]
+                out[k] = tf.RaggedTensor.from_tensor(out[k], lengths=row_lengths)
         return out
 
-    grouped = dataset.map(add_lengths, num_parallel_calls=tf.data.AUTOTUNE).padded_batch(group_size)
-    return mask_group(grouped).unbatch().map(cut, num_parallel_calls=tf.data.AUTOTUNE)
+    grouped = dataset.ragged_batch(group_size)
+    if draw_fn is None:
+        masked = seqio.map_over_dataset(num_seeds=1)(mask_group)(grouped)
+    else:
+        masked = grouped.map(mask_group, num_parallel_calls=tf.data.AUTOTUNE)
+    return masked.unbatch()
 
 
 def static_masking(

@@ -55,31 +55,35 @@ def greedy_fit(lengths: tf.Tensor, budget: tf.Tensor) -> tf.Tensor:
     one that fits the rest is found by a vectorized search, one loop turn per unit taken: a few
     at most, since the rest is then smaller than the unit that overflowed, and none when every
     unit fits (ERNIE's independent selection, which passes int32's maximum for the units it
-    never takes). Lengths must be >= 0.
+    never takes). Lengths must be >= 0. A group [..., U] (one budget, or one per row) is
+    fitted row by row, in one loop that turns until its busiest row is done.
     """
     lengths = tf.convert_to_tensor(lengths)
-    budget = tf.cast(budget, lengths.dtype)
-    eligible = lengths <= budget
+    budget = tf.cast(budget, lengths.dtype)  # scalar, or one per row of a group [..., U]
+    eligible = lengths <= budget[..., None]
     counted = tf.where(eligible, lengths, 0)  # each <= budget: the sums cannot overflow
-    leading = eligible & (tf.cumsum(counted) <= budget)  # a prefix of the eligible units
-    remaining = budget - tf.reduce_sum(tf.where(leading, counted, 0))
-    size = tf.size(lengths)
+    # A prefix of each row's eligible units.
+    leading = eligible & (tf.cumsum(counted, axis=-1) <= budget[..., None])
+    remaining = budget - tf.reduce_sum(tf.where(leading, counted, 0), axis=-1)
+    size = tf.shape(lengths)[-1]
     positions = tf.range(size)
+    batch_dims = lengths.shape.rank - 1
 
     def next_fit(remaining, start):
         """The first position >= `start` whose unit fits `remaining`; `size` if none."""
-        fits = eligible & (positions >= start) & (counted <= remaining)
-        return tf.minimum(tf.reduce_min(tf.where(fits, positions, size)), size)
+        fits = eligible & (positions >= start[..., None]) & (counted <= remaining[..., None])
+        return tf.minimum(tf.reduce_min(tf.where(fits, positions, size), axis=-1), size)
 
     def take(remaining, taken, at):
-        taken |= tf.equal(positions, at)
-        remaining -= tf.gather(counted, at)
+        # A row of a group that is done (at == size) takes nothing and stays done.
+        taken |= tf.equal(positions, at[..., None])
+        remaining -= tf.gather(counted, tf.minimum(at, size - 1), batch_dims=batch_dims)
         return remaining, taken, next_fit(remaining, at + 1)
 
     # The first unit not taken together: every eligible one after it is tried in turn.
-    overflow = tf.reduce_min(tf.where(eligible & ~leading, positions, size))
+    overflow = tf.reduce_min(tf.where(eligible & ~leading, positions, size), axis=-1)
     _, taken, _ = tf.while_loop(
-        lambda remaining, taken, at: at < size,
+        lambda remaining, taken, at: tf.reduce_any(at < size),
         take,
         (remaining, leading, next_fit(remaining, overflow)),
     )
