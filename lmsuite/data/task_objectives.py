@@ -191,7 +191,7 @@ def _ernie2_masked(dataset, sequence_length, *, vocab, task):
     """ERNIE 2.0's word masking, `mask_words` on each row, run on groups of rows from each
     row's own draws (`mlm.grouped_dynamic_masking`'s `draw_fn`): the same masks."""
     spec = _spec(vocab, sequence_length, masking="ernie")
-    draw = functools.partial(ernie2.word_mask_draws, spec=spec)
+    draw = functools.partial(ernie.unit_mask_draws, spec=spec)
     if task == "sentence_reordering":
         ids = vocab_lib.special_ids(vocab)
         draw = functools.partial(ernie2.reorder_and_draw, spec=spec, cls_id=ids.cls, sep_id=ids.sep)

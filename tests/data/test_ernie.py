@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import seqio
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import ernie, mlm
@@ -165,3 +166,27 @@ def test_bad_level_and_missing_phrases_fail_loudly():
         ernie.ernie_inputs(f, level="clause", cls_id=CLS, sep_id=SEP, max_seq_length=8)
     with pytest.raises(ValueError, match="phrase_starts"):
         ernie.ernie_inputs(f, level="phrase", cls_id=CLS, sep_id=SEP, max_seq_length=8)
+
+
+@pytest.mark.parametrize("level", ["word", "entity"])
+def test_dynamic_masking_of_groups_gives_each_row_its_own_mask(level):
+    """`ernie_dynamic_mlm` builds and draws row by row and masks groups of rows: under the same
+    SeqIO seeds each row is what `mask_ernie` alone makes of it (narrow width: some rows take
+    the fit-or-skip path)."""
+    rows = sentences(75, seed=21)
+    narrow = mlm.MlmSpec(mask_id=MASK, vocab_size=5000, special_ids=SPECIALS, max_predictions=4)
+    kwargs = {"level": level, "cls_id": CLS, "sep_id": SEP, "max_seq_length": 40}
+    with seqio.map_seed_manager(3):
+        alone = mlm.dynamic_masking(dataset(rows), mask_fn=ernie.mask_ernie, spec=narrow, **kwargs)
+        alone = list(alone.as_numpy_iterator())
+    with seqio.map_seed_manager(3):
+        grouped = list(
+            ernie.ernie_dynamic_mlm(dataset(rows), spec=narrow, **kwargs).as_numpy_iterator()
+        )
+    assert len(grouped) == len(alone) == 75
+    for a, g in zip(alone, grouped, strict=True):
+        assert sorted(a) == sorted(g)
+        for key in a:
+            np.testing.assert_array_equal(g[key], a[key], key)
+    assert sum(int(a["masked_weights"].sum()) for a in alone) > 75
+    assert sum(int(a["masked_weights"].sum()) == 4 for a in alone) > 5  # at the width

@@ -13,7 +13,7 @@ from scipy import stats
 
 from lmsuite.data import corpora, feature_converters, tokenization
 from lmsuite.data import vocab as vocab_lib
-from lmsuite.data.preprocessors import ernie2, mlm
+from lmsuite.data.preprocessors import ernie, ernie2, mlm
 from tests.data.ragged import ragged
 
 CLS, SEP, MASK = 2, 3, 4
@@ -326,11 +326,11 @@ def _masked_by_a_loop(row, drawn, spec):
     select, order = drawn["select"][: len(units)], drawn["order"][: len(units)]
     remaining, selected, skipped = spec.budget_limit, [], 0
     for u in np.argsort(order, kind="stable"):
-        if select[u] < ernie2.ernie.UNIT_RATE and len(units[u]) <= remaining:
+        if select[u] < ernie.UNIT_RATE and len(units[u]) <= remaining:
             remaining -= len(units[u])
             selected += units[u]
         else:
-            skipped += select[u] < ernie2.ernie.UNIT_RATE
+            skipped += select[u] < ernie.UNIT_RATE
     selected = sorted(selected)
     corrupted = ids.copy()
     for i in selected:
@@ -352,7 +352,7 @@ def test_unit_draws_per_token_are_the_draws_per_unit():
     maskers drew before; a stateless draw of n numbers is the first n of a longer one)."""
     for s in range(60):
         seed = tf.constant([s, 5])
-        select, order = ernie2.ernie.unit_draws(tf.constant([130]), seed=seed)
+        select, order = ernie.unit_draws(tf.constant([130]), seed=seed)
         select_seed, order_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         for units in (0, 1, 3, 4, 5, 64, 129, 130):
             np.testing.assert_array_equal(
@@ -371,15 +371,15 @@ def test_grouped_word_masking_follows_a_loop_over_each_rows_draws():
     drawn = [
         {
             k.split("/")[-1]: v.numpy()
-            for k, v in ernie2.word_mask_draws(
+            for k, v in ernie.unit_mask_draws(
                 {k: tf.constant(v) for k, v in row.items()}, seed=tf.constant([i, 7]), spec=spec
             ).items()
-            if k.startswith(ernie2._DRAWS)
+            if k.startswith(ernie.DRAWS_PREFIX)
         }
         for i, row in enumerate(rows)
     ]
     with_draws = [
-        {**row, **{ernie2._DRAWS + k: v for k, v in d.items()}}
+        {**row, **{ernie.DRAWS_PREFIX + k: v for k, v in d.items()}}
         for row, d in zip(rows, drawn, strict=True)
     ]
     lengths = [row["input_ids"].size for row in rows]
@@ -405,7 +405,7 @@ def test_grouped_word_masking_follows_a_loop_over_each_rows_draws():
         assert out[ernie2.CAPITALIZATION_KEY][i, :n].numpy().tolist() == list(
             row[ernie2.CAPITALIZATION_KEY]
         )
-        assert not any(k.startswith(ernie2._DRAWS) for k in out)
+        assert not any(k.startswith(ernie.DRAWS_PREFIX) for k in out)
         overflowed += skipped > 0
     assert overflowed >= 5  # the fit-or-skip path, not only rows whose chosen words all fit
 
@@ -450,7 +450,7 @@ def test_tasks_mask_groups_of_rows_as_each_row_alone(reordering):
             }
         )
         one = functools.partial(ernie2.mask_words, spec=SPEC)
-        draw = functools.partial(ernie2.word_mask_draws, spec=SPEC)
+        draw = functools.partial(ernie.unit_mask_draws, spec=SPEC)
     with seqio.map_seed_manager(11):
         alone = list(mlm.dynamic_masking(dataset, mask_fn=one).as_numpy_iterator())
     with seqio.map_seed_manager(11):

@@ -26,6 +26,7 @@ Units per level:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -185,6 +186,58 @@ def choose_drawn_units(
     return maskable & tf.gather(taken, tf.where(index >= 0, index, width), batch_dims=1)
 
 
+DRAWS_PREFIX = "__draws__/"  # a row's own draws, between `unit_mask_draws` and its group
+
+
+def unit_mask_draws(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
+    """Every random number of one row's unit masking, added as 1-D features: the unit draws of
+    `choose_units_independently` (`unit_draws`) and the per-token replacement draws
+    (`mlm.replacement_draws`). `mask_drawn_units` then masks a group of such rows as
+    `mask_units` masks each."""
+    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    shape = tf.shape(features["input_ids"])
+    select, order = unit_draws(shape, seed=choose_seed)
+    decisions, random_ids = mlm.replacement_draws(shape, seed=replace_seed, spec=spec)
+    drawn = {"select": select, "order": order, "decisions": decisions, "random_ids": random_ids}
+    return {**features, **{DRAWS_PREFIX + k: v for k, v in drawn.items()}}
+
+
+def mask_drawn_units(
+    rows: mlm.Features, *, lengths: tf.Tensor, spec: mlm.MlmSpec, units_key: str = UNIT_STARTS_KEY
+) -> mlm.Features:
+    """`mask_units` on a group of rows [G, L] (their own `lengths` [G], zero-padded past them)
+    carrying their `unit_mask_draws`; the draws are dropped."""
+    drawn = {k[len(DRAWS_PREFIX) :]: v for k, v in rows.items() if k.startswith(DRAWS_PREFIX)}
+    rows = {k: v for k, v in rows.items() if not k.startswith(DRAWS_PREFIX)}
+    maskable = mlm.maskable_tokens(rows, spec=spec, lengths=lengths)
+    selected = choose_drawn_units(
+        maskable,
+        rows[units_key],
+        select_draws=drawn["select"],
+        order_draws=drawn["order"],
+        limit=spec.budget_limit,
+    )
+    return mlm.finish_masking(
+        rows, selected, spec=spec, drawn=(drawn["decisions"], drawn["random_ids"])
+    )
+
+
+def mask_units(
+    features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec, units_key: str = UNIT_STARTS_KEY
+) -> mlm.Features:
+    """ERNIE's selection (`choose_units_independently`, the units starting where `units_key`
+    is 1) then 80/10/10 per token, on one row: `unit_mask_draws` then `mask_drawn_units` on a
+    group of one. The tasks draw row by row and mask groups, with the same masks."""
+    drawn = unit_mask_draws(features, seed=seed, spec=spec)
+    one = mask_drawn_units(
+        {k: v[None] for k, v in drawn.items()},
+        lengths=tf.size(features["input_ids"])[None],
+        spec=spec,
+        units_key=units_key,
+    )
+    return {k: v[0] for k, v in one.items()}
+
+
 def mask_ernie(
     features: mlm.Features,
     *,
@@ -213,17 +266,22 @@ def mask_ernie(
         max_seq_length=max_seq_length,
         entity_tags=entity_tags,
     )
-    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    maskable = mlm.maskable_tokens(inputs, spec=spec)
-    selected = choose_units_independently(
-        maskable, inputs[UNIT_STARTS_KEY], seed=choose_seed, limit=spec.budget_limit
-    )
-    return mlm.finish_masking(inputs, selected, seed=replace_seed, spec=spec)
+    return mask_units(inputs, seed=seed, spec=spec)
+
+
+def _inputs_and_draws(features, *, seed, spec, **kwargs):
+    return unit_mask_draws(ernie_inputs(features, **kwargs), seed=seed, spec=spec)
 
 
 def ernie_dynamic_mlm(dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, **kwargs) -> tf.data.Dataset:
-    """ERNIE masking with a fresh mask each time an example is seen; kwargs as `mask_ernie`."""
-    return mlm.dynamic_masking(dataset, mask_fn=mask_ernie, spec=spec, **kwargs)
+    """ERNIE masking with a fresh mask each time an example is seen; kwargs as `mask_ernie`.
+    Each example builds its row and draws under its own seed; groups of rows are then masked
+    at once (`mlm.grouped_dynamic_masking`): `mask_ernie`'s masks."""
+    return mlm.grouped_dynamic_masking(
+        dataset,
+        draw_fn=functools.partial(_inputs_and_draws, spec=spec, **kwargs),
+        mask_fn=functools.partial(mask_drawn_units, spec=spec),
+    )
 
 
 def ernie_static_mlm(

@@ -372,64 +372,30 @@ def sentence_distance_pairs(
 
 
 # --------------------------------------------------------------------------------- masking
-_DRAWS = "__draws__/"  # the per-row draws of word masking, between the draw and the group
-
-
-def word_mask_draws(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
-    """Every random number `mask_words` uses for one row, added as 1-D features: the row's
-    unit draws (`ernie.unit_draws`) and per-token replacement draws (`mlm.replacement_draws`).
-    `mask_drawn_words` then masks a group of such rows as `mask_words` masks each."""
-    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    shape = tf.shape(features["input_ids"])
-    select, order = ernie.unit_draws(shape, seed=choose_seed)
-    decisions, random_ids = mlm.replacement_draws(shape, seed=replace_seed, spec=spec)
-    drawn = {"select": select, "order": order, "decisions": decisions, "random_ids": random_ids}
-    return {**features, **{_DRAWS + k: v for k, v in drawn.items()}}
-
-
-def mask_drawn_words(rows: mlm.Features, *, lengths: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
-    """`mask_words` on a group of rows [G, L] (their own `lengths` [G], zero-padded past
-    them) carrying their `word_mask_draws`; the draws are dropped."""
-    drawn = {k[len(_DRAWS) :]: v for k, v in rows.items() if k.startswith(_DRAWS)}
-    rows = {k: v for k, v in rows.items() if not k.startswith(_DRAWS)}
-    maskable = mlm.maskable_tokens(rows, spec=spec, lengths=lengths)
-    selected = ernie.choose_drawn_units(
-        maskable,
-        rows["word_starts"],
-        select_draws=drawn["select"],
-        order_draws=drawn["order"],
-        limit=spec.budget_limit,
-    )
-    return mlm.finish_masking(
-        rows, selected, spec=spec, drawn=(drawn["decisions"], drawn["random_ids"])
-    )
-
-
 def mask_words(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
     """ERNIE's per-unit selection (`ernie.choose_units_independently`, each unit 0.15, taken
-    whole) with whole words as the units, then 80/10/10 per token. One row; the tasks mask
-    groups of rows (`word_mask_draws` then `mask_drawn_words`), with the same masks.
+    whole) with whole words as the units, then 80/10/10 per token. One row; the tasks draw
+    row by row and mask groups (`ernie.unit_mask_draws`, `mask_drawn_words`), the same masks.
 
     Example: input_ids [2, 10, 11, 12, 3], word_starts [1, 1, 0, 1, 1] (words "10 11", "12"),
     "10 11" selected -> masked_positions [1, 2, 0...], masked_ids [10, 11, 0...].
     """
-    drawn = word_mask_draws(features, seed=seed, spec=spec)
-    one = mask_drawn_words(
-        {k: v[None] for k, v in drawn.items()},
-        lengths=tf.size(features["input_ids"])[None],
-        spec=spec,
-    )
-    return {k: v[0] for k, v in one.items()}
+    return ernie.mask_units(features, seed=seed, spec=spec, units_key="word_starts")
+
+
+def mask_drawn_words(rows: mlm.Features, *, lengths: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
+    """`mask_words` on a group of rows carrying their `ernie.unit_mask_draws`."""
+    return ernie.mask_drawn_units(rows, lengths=lengths, spec=spec, units_key="word_starts")
 
 
 def reorder_and_draw(features, *, seed, spec, cls_id, sep_id, max_segments=MAX_SEGMENTS):
-    """`reorder_segments` then `word_mask_draws`, with fresh draws each time a passage is seen:
-    `reorder_and_mask` up to the masking, which `mask_drawn_words` does for a group."""
+    """`reorder_segments` then `ernie.unit_mask_draws`, fresh draws each time a passage is
+    seen: `reorder_and_mask` up to the masking, which `mask_drawn_words` does for a group."""
     reorder_seed, mask_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     shown = reorder_segments(
         features, seed=reorder_seed, cls_id=cls_id, sep_id=sep_id, max_segments=max_segments
     )
-    return word_mask_draws(shown, seed=mask_seed, spec=spec)
+    return ernie.unit_mask_draws(shown, seed=mask_seed, spec=spec)
 
 
 def reorder_and_mask(features, *, seed, spec, cls_id, sep_id, max_segments=MAX_SEGMENTS):
