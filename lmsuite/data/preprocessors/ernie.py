@@ -106,35 +106,8 @@ def ernie_inputs(
     return out
 
 
-def choose_units_independently(
-    maskable: tf.Tensor,
-    unit_starts: tf.Tensor,
-    *,
-    seed: tf.Tensor,
-    rate: float = UNIT_RATE,
-    limit: int | tf.Tensor,
-) -> tf.Tensor:
-    """Bool [L]: each unit selected with probability `rate`, independently, taken whole.
-
-    If the selected units hold more than `limit` tokens, they are visited in a random order
-    and each is kept while it fits (`whole_word.greedy_fit`).
-
-    Example: maskable [F, T, T, T, F], unit_starts [1, 1, 0, 1, 1] (units "1 2" and "3"),
-    draws 0.05 and 0.6 (rate 0.15) -> [F, T, T, F, F].
-    """
-    select_draws, order_draws = unit_draws(tf.shape(maskable), seed=seed)
-    return choose_drawn_units(
-        maskable[None],
-        unit_starts[None],
-        select_draws=select_draws[None],
-        order_draws=order_draws[None],
-        rate=rate,
-        limit=limit,
-    )[0]
-
-
 def unit_draws(shape: tf.Tensor, *, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """The uniform float32 draws of `choose_units_independently` for rows of `shape` [..., L]:
+    """The uniform float32 draws of `choose_drawn_units` for rows of `shape` [..., L]:
     (selection, visiting order), one per token. Unit u of a row uses draw u (a row has no more
     units than tokens): the same numbers as one draw per unit, since a stateless draw of n
     numbers is the first n of a longer one (a test checks it), and no unit count per row."""
@@ -154,8 +127,15 @@ def choose_drawn_units(
     rate: float = UNIT_RATE,
     limit: int | tf.Tensor,
 ) -> tf.Tensor:
-    """`choose_units_independently` for a group of rows [G, L], from each row's `unit_draws`
-    [G, U] (U at least the most units of a row; draws past a row's units are not used)."""
+    """Bool [G, L]: ERNIE's selection for a group of rows, from each row's `unit_draws` [G, U]
+    (U at least the most units of a row; draws past a row's units are not used). Each unit is
+    selected with probability `rate` (its selection draw below it), independently, and taken
+    whole; if the selected units of a row hold more than `limit` tokens, they are visited in
+    the order of their order draws and each is kept while it fits (`whole_word.greedy_fit`).
+
+    Example (one row): maskable [F, T, T, T, F], unit_starts [1, 1, 0, 1, 1] (units "1 2" and
+    "3"), selection draws 0.05 and 0.6 (rate 0.15) -> [F, T, T, F, F].
+    """
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"rate={rate}, expected in (0, 1]")
     shape = tf.shape(maskable)
@@ -191,7 +171,7 @@ DRAWS_PREFIX = "__draws__/"  # a row's own draws, between `unit_mask_draws` and 
 
 def unit_mask_draws(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
     """Every random number of one row's unit masking, added as 1-D features: the unit draws of
-    `choose_units_independently` (`unit_draws`) and the per-token replacement draws
+    `choose_drawn_units` (`unit_draws`) and the per-token replacement draws
     (`mlm.replacement_draws`). `mask_drawn_units` then masks a group of such rows as
     `mask_units` masks each."""
     choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
@@ -225,7 +205,7 @@ def mask_drawn_units(
 def mask_units(
     features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec, units_key: str = UNIT_STARTS_KEY
 ) -> mlm.Features:
-    """ERNIE's selection (`choose_units_independently`, the units starting where `units_key`
+    """ERNIE's selection (`choose_drawn_units`, the units starting where `units_key`
     is 1) then 80/10/10 per token, on one row: `unit_mask_draws` then `mask_drawn_units` on a
     group of one. The tasks draw row by row and mask groups, with the same masks."""
     drawn = unit_mask_draws(features, seed=seed, spec=spec)

@@ -373,7 +373,7 @@ def sentence_distance_pairs(
 
 # --------------------------------------------------------------------------------- masking
 def mask_words(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
-    """ERNIE's per-unit selection (`ernie.choose_units_independently`, each unit 0.15, taken
+    """ERNIE's per-unit selection (`ernie.choose_drawn_units`, each unit 0.15, taken
     whole) with whole words as the units, then 80/10/10 per token. One row; the tasks draw
     row by row and mask groups (`ernie.unit_mask_draws`, `mask_drawn_words`), the same masks.
 
