@@ -267,11 +267,11 @@ def passage_ids(lengths: tf.Tensor, *, max_tokens: int) -> tf.Tensor:
     An item longer than `max_tokens` gets a passage of its own. Int64 [S]; lengths >= 0.
     Example (max_tokens 5): lengths [2, 3, 1, 6, 2] -> [0, 0, 1, 2, 3].
 
-    The rule is a loop over the items (a new passage where the one open already holds tokens
-    and the item would overflow it); a `tf.scan` of it ran once per sentence, a few hundred
-    turns for a Wikipedia article, and was most of an ERNIE 2.0 row's passage work. Without
-    it: the passage that would start at item s ends where a search of the running token count
-    says it overflows (but not before its first item with tokens), which gives every item a
+    The rule is a loop over the items (a new passage where the one open already holds tokens and
+    the item would overflow it); a `tf.scan` of it ran once per sentence, a few hundred turns
+    for a Wikipedia article, and about half of an ERNIE 2.0 document's passage work. Without it:
+    the passage that would start at item s ends where a search of the running token count says
+    it overflows (but not before its first item with tokens), which gives every item a
     successor; the passages that do start are the successors of item 0, found by pointer
     doubling in log2(S) steps.
     """

@@ -73,6 +73,17 @@ def test_unit_index_example():
     assert int(num) == 3
 
 
+def test_unit_index_of_a_group_numbers_each_row_alone():
+    rng = np.random.default_rng(4)
+    maskable = rng.random((6, 25)) < 0.8
+    starts = (rng.random((6, 25)) < 0.4).astype(np.int32)
+    index, num = whole_word.unit_index(tf.constant(maskable), tf.constant(starts))
+    for row in range(6):
+        alone, count = whole_word.unit_index(tf.constant(maskable[row]), tf.constant(starts[row]))
+        np.testing.assert_array_equal(index[row], alone)
+        assert int(num[row]) == int(count) and int(count) > 3
+
+
 def _fit_or_skip(lengths, budget):
     expected, remaining = [], budget
     for n in lengths:  # BERT: skip a word that does not fit, keep trying the rest

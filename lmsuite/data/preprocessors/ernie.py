@@ -139,11 +139,9 @@ def choose_drawn_units(
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"rate={rate}, expected in (0, 1]")
     shape = tf.shape(maskable)
-    previous = tf.concat([tf.zeros([shape[0], 1], tf.bool), maskable[:, :-1]], axis=1)
-    starts = maskable & (tf.cast(unit_starts, tf.bool) | ~previous)
-    index = tf.where(maskable, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, -1)
+    index, num_units = whole_word.unit_index(maskable, unit_starts)
     width = tf.shape(select_draws)[1]
-    valid = tf.range(width)[None, :] < tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)[:, None]
+    valid = tf.range(width)[None, :] < num_units[:, None]
     # Tokens per unit; every non-maskable token counts towards a dropped last column.
     slot = tf.where(index >= 0, index, width) + (width + 1) * tf.range(shape[0])[:, None]
     lengths = tf.reshape(

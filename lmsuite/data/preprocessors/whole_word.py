@@ -22,17 +22,18 @@ WORD_STARTS_KEY = "word_starts"
 
 
 def unit_index(maskable: tf.Tensor, unit_starts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Per-token unit number (-1 for non-maskable tokens) and the number of units.
+    """Per-token unit number (-1 for non-maskable tokens) and the number of units, of a row
+    [L] or of each row of a group [..., L] (numbers [..., L], counts [...]).
 
     A unit starts at a maskable token flagged in `unit_starts` or following a non-maskable one.
 
     Example: maskable [F, T, T, T, F, T], unit_starts [1, 1, 0, 1, 1, 0]
     -> ([-1, 0, 0, 1, -1, 2], 3).
     """
-    previous_maskable = tf.concat([[False], maskable[:-1]], axis=0)
+    previous_maskable = tf.concat([tf.zeros_like(maskable[..., :1]), maskable[..., :-1]], -1)
     starts = maskable & (tf.cast(unit_starts, tf.bool) | ~previous_maskable)
-    number = tf.cumsum(tf.cast(starts, tf.int32)) - 1
-    return tf.where(maskable, number, -1), tf.reduce_sum(tf.cast(starts, tf.int32))
+    number = tf.cumsum(tf.cast(starts, tf.int32), axis=-1) - 1
+    return tf.where(maskable, number, -1), tf.reduce_sum(tf.cast(starts, tf.int32), axis=-1)
 
 
 def unit_lengths(index: tf.Tensor, num_units: tf.Tensor) -> tf.Tensor:
