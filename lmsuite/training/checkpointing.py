@@ -176,6 +176,34 @@ def _refuse_other_shapes(step_dir: epath.Path, abstract_state: Any) -> None:
         )
 
 
+def newest_data_position(directory: str | epath.PathLike) -> int:
+    """The data position (batches consumed) of the newest step under `directory` whose record
+    reads, or 0 when there is none; reads, never writes, and verifies nothing.
+
+    A resume's checks read it before the run restores anything (`resume_checks`): the step it
+    restores is this one or, if this one turns out damaged, an earlier one, never a later.
+    """
+    directory = absolute(directory)
+    if not directory.exists():
+        return 0
+    manager = ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+        item_names=("state", "data"),
+    )
+    only_data = ocp.args.Composite(data=ocp.args.JsonRestore())
+    try:
+        for step in sorted(manager.all_steps(), reverse=True):
+            try:
+                restored = manager.restore(step, args=only_data)
+                return int(dict(restored.data)["batches_consumed"])
+            except (ValueError, OSError, KeyError, TypeError):
+                continue  # a damaged record: the restore will skip this step too
+        return 0
+    finally:
+        manager.close()
+
+
 class Checkpointer:
     """Saves (asynchronously, one save at a time) and restores TrainState plus the data position.
 

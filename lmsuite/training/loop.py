@@ -51,6 +51,7 @@ PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, but nothing w
 DIVERGED_EXIT_CODE = 3
 RUN_FILE = "run.json"  # = lmsuite.evaluation.run_config.RUN_FILE (training cannot import it)
 GIN_FILE = "config.gin"
+CHECKPOINT_DIR = "checkpoints"  # = lmsuite.evaluation.load.CHECKPOINTS
 
 
 class Preempted(RuntimeError):
@@ -137,7 +138,7 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
     # -------------------------------------------------------------------------- restore
     nice = config.checkpointing.nice
     ckpt = checkpointing.Checkpointer(
-        directory=model_dir / "checkpoints",
+        directory=model_dir / CHECKPOINT_DIR,
         keep=config.checkpointing.keep,
         nice=checkpointing.default_checkpoint_nice() if nice is None else nice,
     )
@@ -298,8 +299,17 @@ def write_records(config: TrainConfig) -> tuple[epath.Path, resume_checks.DataPl
     """
     model_dir = checkpointing.absolute(config.checkpointing.model_dir)
     record = config.run_record()
+    run_file = model_dir / RUN_FILE
     data_plan = resume_checks.check_resume(
-        model_dir / RUN_FILE, record, data_change=config.data.data_change
+        run_file,
+        record,
+        data_change=config.data.data_change,
+        # the stages the run has read must not change (`resume_checks.schedule_problem`)
+        batches_consumed=(
+            checkpointing.newest_data_position(model_dir / CHECKPOINT_DIR)
+            if run_file.exists()
+            else 0
+        ),
     )
     model_dir.mkdir(parents=True, exist_ok=True)
     if config.operative_config is not None:

@@ -11,10 +11,15 @@ rewritten, and `compare` says what differs.
   batch_size, task, sequence_length, text_task, the recipe's packing
                                   change the data stream: refused unless `data_change` says
                                   how the data position follows (`DATA_CHANGES`)
-  anything else                   (steps, learning rate, schedule, evaluation, stages, the
-                                  recipe's loss options and task weights, ...) resumes as
-                                  given; run.json then records the new values, which
-                                  `lmsuite eval` scores with
+  stages (`train.stages`)         may change from the data position on (a stage added or
+                                  moved later, a later stage's rates); a change before it
+                                  (the stages the run has read, the stage it is in) would
+                                  make the run's record untrue and its stream skip into
+                                  another sample: refused unless `data_change` is 'restart'
+  anything else                   (steps, learning rate, schedule, evaluation, the recipe's
+                                  loss options and task weights, ...) resumes as given;
+                                  run.json then records the new values, which `lmsuite eval`
+                                  scores with
 
   >>> plan = compare(old_record, new_record, data_change="rescale")  # batch 8 -> 16
   >>> data_position(plan, batches_consumed=10)
@@ -61,9 +66,16 @@ def data_position(plan: DataPlan, batches_consumed: int) -> int:
     raise ValueError(f"DataPlan.change must be None or one of {DATA_CHANGES}, got {plan.change!r}")
 
 
-def check_resume(run_file: epath.Path, new: dict[str, Any], *, data_change: str | None) -> DataPlan:
+def check_resume(
+    run_file: epath.Path,
+    new: dict[str, Any],
+    *,
+    data_change: str | None,
+    batches_consumed: int = 0,
+) -> DataPlan:
     """The `DataPlan` for resuming as the run `new` (`TrainConfig.run_record()`) where
-    `run_file` (a run.json) may record a run already; reads, never writes.
+    `run_file` (a run.json) may record a run already, whose newest checkpoint had consumed
+    `batches_consumed` batches; reads, never writes.
 
     Raises:
       InvalidRunError: `compare`'s problems, or a `run_file` that is not JSON, each line
@@ -75,7 +87,7 @@ def check_resume(run_file: epath.Path, new: dict[str, Any], *, data_change: str 
         old = json.loads(run_file.read_text())
         if not isinstance(old, dict):
             raise ValueError(f"holds {type(old).__name__}, not a JSON object")
-        return compare(old, new, data_change=data_change)
+        return compare(old, new, data_change=data_change, batches_consumed=batches_consumed)
     except ValueError as error:
         problems = getattr(error, "problems", [str(error)])
         raise InvalidRunError(
@@ -83,14 +95,20 @@ def check_resume(run_file: epath.Path, new: dict[str, Any], *, data_change: str 
         ) from error
 
 
-def compare(old: dict[str, Any], new: dict[str, Any], *, data_change: str | None) -> DataPlan:
-    """The `DataPlan` for resuming the run recorded as `old` (run.json) as the run `new`
-    (`TrainConfig.run_record()`).
+def compare(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    *,
+    data_change: str | None,
+    batches_consumed: int = 0,
+) -> DataPlan:
+    """The `DataPlan` for resuming the run recorded as `old` (run.json), which had consumed
+    `batches_consumed` batches, as the run `new` (`TrainConfig.run_record()`).
 
     Raises:
       InvalidRunError: a changed model config or recipe (each differing field named, old ->
-        new), or a changed batch, task, lengths or text task without a `data_change` that
-        allows it.
+        new), a changed batch, task, lengths or text task without a `data_change` that
+        allows it, or stages changed before the data position (`schedule_problem`).
     """
     problems = []
     changed_model = _model_differences(old.get("model_config"), new["model_config"])
@@ -121,9 +139,69 @@ def compare(old: dict[str, Any], new: dict[str, Any], *, data_change: str | None
             plan = DataPlan(
                 change=data_change, old_batch=old.get("batch_size"), new_batch=new["batch_size"]
             )
+    changed_schedule = schedule_problem(old, new, data_position(plan, batches_consumed))
+    if changed_schedule and data_change == "restart":
+        plan = DataPlan(
+            change="restart", old_batch=old.get("batch_size"), new_batch=new["batch_size"]
+        )
+    elif changed_schedule:
+        problems.append(changed_schedule)
     if problems:
         raise InvalidRunError(problems)
     return plan
+
+
+def schedule_problem(old: dict[str, Any], new: dict[str, Any], position: int) -> str | None:
+    """What is wrong with resuming `old`'s continual schedule (run.json's "stages") as `new`'s
+    at data position `position` (the batches the new run skips), or None.
+
+    The batches before `position` were read by the stages that start before it; those must be
+    the same stages (starts and rates) in both runs, and a run must not gain or lose its
+    schedule there. Stages from `position` on are the run's future and may change: a stage
+    added at the position starts there. At position 0 (a new run) nothing was read and
+    anything goes; `compare` lets `data_change='restart'` read the new stages from batch 0.
+
+    Example: stages from 0 and 1000, resumed at 1500 with the second from 1200: refused (batches
+    1000-1199 came from the first stage's sample); with a third stage from 2000 added: resumed.
+    """
+    if position <= 0:
+        return None
+    old_read, new_read = (_stages_before(record, position) for record in (old, new))
+    if old_read == new_read:
+        return None
+    if old_read is None or new_read is None:
+        detail = (
+            "the run has no stages and the resume has"
+            if old_read is None
+            else "the run has stages and the resume has none"
+        )
+    else:
+        i = next(
+            (i for i, (a, b) in enumerate(zip(old_read, new_read, strict=False)) if a != b),
+            min(len(old_read), len(new_read)),
+        )
+        detail = f"stage {i + 1} {_stage_text(old_read, i)} -> {_stage_text(new_read, i)}"
+    return (
+        f"the stages differ before the data position ({position} batches read): {detail}; the "
+        f"batches read so far followed the run's stages: change only stages that start at batch "
+        f"{position} or later, set train.data_change='restart' (read the data from its "
+        "beginning), or use a new model_dir"
+    )
+
+
+def _stages_before(record: dict[str, Any], position: int) -> list | None:
+    """`record`'s stages (as JSON) that start before `position`; None for a run without."""
+    stages = record.get("stages")
+    if not stages:
+        return None
+    return [stage for stage in _as_json(stages) if stage[0] < position]
+
+
+def _stage_text(stages: list, i: int) -> str:
+    if i >= len(stages):
+        return "none"
+    start, rates = stages[i]
+    return f"from batch {start} at {rates}"
 
 
 def _field(record: dict[str, Any], name: str) -> Any:

@@ -56,6 +56,19 @@ def test_round_trip_restores_state_and_data_position(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_newest_data_position_is_read_without_the_state_and_without_writing(tmp_path):
+    """What a resume's checks read before the run restores anything (`resume_checks`)."""
+    directory = tmp_path / "ckpt"
+    assert checkpointing.newest_data_position(directory) == 0
+    assert not directory.exists()  # the read creates nothing
+    _save_steps(directory, [1, 2])
+    listing = sorted(p.relative_to(directory) for p in directory.rglob("*"))
+    assert checkpointing.newest_data_position(directory) == 20
+    (directory / "2" / "data" / "metadata").write_text("{not json")  # a damaged record
+    assert checkpointing.newest_data_position(directory) == 10  # the step before it
+    assert sorted(p.relative_to(directory) for p in directory.rglob("*")) == listing
+
+
 def test_keep_policy_and_empty_directory(tmp_path):
     _save_steps(tmp_path / "ckpt", [1, 2, 3, 4, 5], keep=2)
     assert checkpointing.Checkpointer(directory=tmp_path / "ckpt").committed_steps() == [4, 5]

@@ -170,6 +170,22 @@ def test_a_staged_mixture_trains_each_stage_on_its_tasks(tmp_path, capsys):
         2, {"wiki_sample_prefix_lm": 1.0, "wiki_sample_t5_span_corruption": 1.0}
     ]  # fmt: skip
 
+    # Resumed with stage 2 moved from step 2 to 4, past the 5 batches read: refused (exit 2,
+    # one line) before anything is written or restored.
+    records = {name: (tmp_path / name).read_bytes() for name in ("run.json", "config.gin")}
+    capsys.readouterr()
+    moved = STAGES.replace("(2, {", "(4, {")
+    code = cli.main(_staged_argv(tmp_path, 7, f"--gin.train.stages={moved}"))
+    err = capsys.readouterr().err
+    assert code == cli.CONFIG_ERROR_EXIT_CODE, err[-3000:]
+    (line,) = err.strip().splitlines()
+    assert (
+        "the stages differ before the data position (5 batches read): stage 2 from batch 2" in line
+    )
+    assert "-> from batch 4" in line, line
+    for name, before in records.items():
+        assert (tmp_path / name).read_bytes() == before, name
+
 
 def _train_records(model_dir) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (model_dir / "metrics.jsonl").open())

@@ -1,6 +1,7 @@
 """A resume compares the run it is asked for with the run.json it finds before it writes
 anything: another model or recipe is refused, a changed batch, task, lengths or packing is
-refused unless `train.data_change` says how the data position follows (issue 25, item 5)."""
+refused unless `train.data_change` says how the data position follows (issue 25, item 5); a
+continual schedule may change only from the data position on."""
 
 import json
 
@@ -108,10 +109,82 @@ def test_a_run_json_without_batch_size_is_not_refused_on_the_batch():
 
 
 def test_other_changes_resume_as_before():
-    new = _record(task_modules=["my.tasks"], stages=[[0, {"a": 1.0}]])
+    new = _record(task_modules=["my.tasks"])
     assert compare(_record(), new, data_change=None) == DataPlan()
     options = {"pack": False, "loss_options": {"sbo_weight": 2.0}, "task_weights": {"a": 3.0}}
     assert compare(_record(), _record(recipe_options=options), data_change=None) == DataPlan()
+
+
+# Stage 1 from batch 0, stage 2 from batch 10 (global batches = steps).
+STAGES = [[0, {"a": 1.0}], [10, {"a": 1.0, "b": 1.0}]]
+
+
+def test_stages_may_change_from_the_data_position_on():
+    """The stages after the position are the run's future: added, moved or re-weighted."""
+    later = [
+        [[0, {"a": 1.0}], [10, {"a": 1.0, "b": 1.0}], [20, {"a": 1.0, "b": 1.0, "c": 2.0}]],
+        [[0, {"a": 1.0}], [10, {"a": 1.0, "b": 3.0}]],  # stage 2's rates, resumed inside stage 1
+        [[0, {"a": 1.0}], [12, {"a": 1.0, "b": 1.0}]],  # stage 2 moved later
+        [[0, {"a": 1.0}], [8, {"a": 1.0, "b": 1.0}]],  # stage 2 moved earlier, still ahead
+    ]
+    for consumed, stages in zip((15, 7, 7, 7), later, strict=True):
+        plan = compare(
+            _record(stages=STAGES), _record(stages=stages), data_change=None,
+            batches_consumed=consumed,
+        )  # fmt: skip
+        assert data_position(plan, consumed) == consumed
+    # a stage added at the position itself begins there: nothing of it was read
+    stages = [*STAGES, [15, {"a": 1.0, "b": 1.0, "c": 1.0}]]
+    assert compare(_record(stages=STAGES), _record(stages=stages), data_change=None,
+                   batches_consumed=15) == DataPlan()  # fmt: skip
+    # and before any batch was read anything goes
+    assert compare(_record(), _record(stages=STAGES), data_change=None,
+                   batches_consumed=0) == DataPlan()  # fmt: skip
+
+
+def test_stages_the_run_has_read_may_not_change():
+    """A stage before the position, or the one it is in, changed: the record would be untrue
+    and the resumed stream would skip into another sample."""
+    moved = [[0, {"a": 1.0}], [12, {"a": 1.0, "b": 1.0}]]
+    with pytest.raises(InvalidRunError) as caught:
+        compare(_record(stages=STAGES), _record(stages=moved), data_change=None,
+                batches_consumed=15)  # fmt: skip
+    (problem,) = caught.value.problems
+    assert "before the data position (15 batches read)" in problem, problem
+    assert (
+        "stage 2 from batch 10 at {'a': 1.0, 'b': 1.0} -> from batch 12 at {'a': 1.0, 'b': 1.0}"
+        in problem
+    ), problem
+    assert "train.data_change='restart'" in problem and "batch 15 or later" in problem, problem
+
+    reweighted = [[0, {"a": 1.0}], [10, {"a": 1.0, "b": 2.0}]]  # the stage it is in
+    assert "stage 2 from batch 10" in _refused_at(15, STAGES, reweighted)
+    earlier = [[0, {"a": 1.0}], [5, {"a": 1.0, "b": 1.0}]]  # stage 2 moved before position 7
+    assert "stage 2 none -> from batch 5" in _refused_at(7, STAGES, earlier)
+    dropped = [[0, {"a": 1.0}]]
+    assert "stage 2 from batch 10 at {'a': 1.0, 'b': 1.0} -> none" in _refused_at(
+        15, STAGES, dropped
+    )
+    assert "the run has no stages and the resume has" in _refused_at(1, None, STAGES)
+    assert "the run has stages and the resume has none" in _refused_at(1, STAGES, None)
+    # 'rescale' keeps the position, so it does not excuse a changed past (batch 8 -> 16: 30
+    # batches consumed are 15 of the new size); 'restart' reads the new stages from batch 0
+    with pytest.raises(InvalidRunError, match=r"\(15 batches read\)"):
+        compare(_record(stages=STAGES), _record(batch_size=16, stages=moved),
+                data_change="rescale", batches_consumed=30)  # fmt: skip
+    for old, new in ((STAGES, moved), (None, STAGES), (STAGES, None)):
+        plan = compare(_record(**({"stages": old} if old else {})),
+                       _record(**({"stages": new} if new else {})),
+                       data_change="restart", batches_consumed=15)  # fmt: skip
+        assert data_position(plan, 15) == 0, (old, new)
+
+
+def _refused_at(consumed: int, old_stages, new_stages) -> str:
+    old, new = (_record(**({"stages": s} if s else {})) for s in (old_stages, new_stages))
+    with pytest.raises(InvalidRunError) as caught:
+        compare(old, new, data_change=None, batches_consumed=consumed)
+    (problem,) = caught.value.problems
+    return problem
 
 
 def test_a_changed_packing_changes_the_data_and_needs_restart():
