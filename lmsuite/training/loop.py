@@ -191,10 +191,12 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
         start_step=start_step,
     )  # fmt: skip
     last_eval: dict[str, float] = {}
-    # step -> the 1-based stage that begins after it (metrics.jsonl's "data/stage")
+    # data position (batches read) -> the 1-based stage that begins there (metrics.jsonl's
+    # "data/stage", logged at the step after which it begins: the position is the step unless
+    # a resume restarted or rescaled the data)
     stage_starts = {stage.start: i + 1 for i, stage in enumerate(data.stages)}
-    if start_step == 0 and data.stages:
-        log.write(0, {"data/stage": 1})
+    if batches_consumed == 0 and data.stages:
+        log.write(start_step, {"data/stage": 1})
     preempted = _PreemptionNotice()
     try:
         if start_step < trainer.train_steps:
@@ -212,6 +214,8 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
                 ) or report.train_flops(state.params, batch, built.objective)
             state, metrics = train_step(state, batch, dropout_rng)
             done = current + 1
+            # the batches read: the step, unless a resume restarted or rescaled the data
+            position = batches_consumed + done - start_step
             # Read the previous step's metrics while this one runs, so the device never waits
             # for the host; a NaN is caught at most one step late, before anything is saved.
             if pending is not None:
@@ -226,12 +230,11 @@ def _train(config: TrainConfig, model_dir: epath.Path, writer: lease.Lease | Non
                 last_eval = evaluate(state)
                 log.write(done, last_eval)
             if do_save:
-                # the data position: a rescaled or restarted resume's differs from the step
-                ckpt.save(done, state, {"batches_consumed": batches_consumed + done - start_step})
+                ckpt.save(done, state, {"batches_consumed": position})
                 if writer is not None:
                     writer.renew()
-            if done in stage_starts:  # a continual schedule's next stage begins
-                log.write(done, {"data/stage": stage_starts[done]})
+            if position in stage_starts:  # a continual schedule's next stage begins
+                log.write(done, {"data/stage": stage_starts[position]})
             if stop:
                 ckpt.commit()
                 raise Preempted(f"SIGTERM at step {done}; saved checkpoint step {done}")

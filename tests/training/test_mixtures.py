@@ -186,6 +186,17 @@ def test_a_staged_mixture_trains_each_stage_on_its_tasks(tmp_path, capsys):
     for name, before in records.items():
         assert (tmp_path / name).read_bytes() == before, name
 
+    # With the data restarted, the new stages are read from batch 0 at step 6: stage 1 marked at
+    # step 5, stage 2 (from batch 3) after step 8.
+    moved = STAGES.replace("(2, {", "(3, {")
+    argv = _staged_argv(
+        tmp_path, 8, f"--gin.train.stages={moved}", "--gin.train.data_change='restart'"
+    )
+    assert cli.main(argv) == 0, capsys.readouterr().err[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    stages = [(r["step"], r["data/stage"]) for r in records if "data/stage" in r]
+    assert stages == [(0, 1), (2, 2), (5, 1), (8, 2)]
+
 
 def _train_records(model_dir) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (model_dir / "metrics.jsonl").open())
