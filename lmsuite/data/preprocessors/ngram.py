@@ -48,9 +48,9 @@ def sample_ngram_lengths(shape: tf.Tensor, *, seed: tf.Tensor, max_ngram: int = 
 def ngram_draws(
     shape: tf.Tensor, *, seed: tf.Tensor, max_ngram: int
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """The draws of ALBERT's selection for rows of `shape` [..., L], one per token (a row has
+    """The draws of ALBERT's selection for one row of `shape` [L], one per token (a row has
     no more words than tokens): (visiting-order keys, the n of each visit), float32 and int32.
-    A row's W words are visited in the order of its first W keys (`choose_drawn_ngrams`)."""
+    The row's W words are visited in the order of the first W keys (`choose_drawn_ngrams`)."""
     order_seed, ngram_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     return (
         tf.random.stateless_uniform(shape, order_seed),
