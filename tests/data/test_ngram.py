@@ -4,7 +4,6 @@ import collections
 
 import numpy as np
 import pytest
-import seqio
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import mlm, ngram
@@ -107,26 +106,32 @@ def _albert_rule(word_lengths, order, ngrams, budget):
 EVENTS = collections.Counter()
 
 
-def _padded(rows):
-    """Rows of different lengths as one zero-padded group, and their lengths."""
-    width = max(len(ids) for ids, _ in rows)
-    pad = lambda x: np.pad(x, [0, width - len(x)])  # noqa: E731
-    group = {
-        "input_ids": tf.constant(np.stack([pad(ids) for ids, _ in rows])),
-        "word_starts": tf.constant(np.stack([pad(starts) for _, starts in rows])),
+def _draws_of(rows, spec, seed):
+    features = [{"input_ids": tf.constant(i), "word_starts": tf.constant(s)} for i, s in rows]
+    seeds = [tf.constant([seed, i], tf.int64) for i in range(len(rows))]
+    return [
+        ngram.ngram_mask_draws(f, seed=s, spec=spec) for f, s in zip(features, seeds, strict=True)
+    ], seeds
+
+
+def _group(drawn):
+    """Rows of different lengths and draw widths as one zero-padded group."""
+    width = {k: max(int(tf.size(d[k])) for d in drawn) for k in drawn[0]}
+    return {
+        k: tf.stack([tf.pad(d[k], [[0, width[k] - int(tf.size(d[k]))]]) for d in drawn])
+        for k in drawn[0]
     }
-    return group, tf.constant([len(ids) for ids, _ in rows])
 
 
 @pytest.mark.parametrize(
     "rate, cap, max_words",
     [(0.15, 6, 70), (0.6, None, 12)],  # budgets cut by ALBERT-like caps; crowded short rows
 )
-def test_a_group_covers_in_each_row_what_albert_s_rule_covers(rate, cap, max_words):
+def test_a_group_masks_each_row_as_albert_s_rule_would(rate, cap, max_words):
     """48 rows (1-4 pieces per word, so that n-grams overflow the budget and shorten, or
-    overlap words already covered; one row with nothing maskable, one of a single word) as one
-    padded group: each row covers exactly the words the plain-Python rule covers with the row's
-    own draws."""
+    overlap words already covered; one row with nothing maskable, one of a single word) masked
+    as one padded group: each row covers exactly the words the plain-Python rule covers with the
+    row's own draws, and the group's rows equal `mask_ngrams` row by row."""
     spec = mlm.MlmSpec(
         mask_id=MASK, vocab_size=1000, special_ids=SPECIALS, max_predictions=12,
         mask_rate=rate, prediction_cap=cap,
@@ -134,57 +139,29 @@ def test_a_group_covers_in_each_row_what_albert_s_rule_covers(rate, cap, max_wor
     rng = np.random.default_rng(3)
     rows = [_row(rng, int(rng.integers(2, max_words)), 4) for _ in range(46)]
     rows += [_row(rng, 0, 1), _row(rng, 1, 3)]
-    group, lengths = _padded(rows)
-    keys, ngrams = ngram.ngram_draws(tf.shape(group["input_ids"]), seed=tf.constant([11, 0]),
-                                     max_ngram=3)  # fmt: skip
-    maskable = mlm.maskable_tokens(group, spec=spec, lengths=lengths)
-    budgets = mlm.prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32), axis=-1), spec=spec)
-    covered_tokens = ngram.choose_drawn_ngrams(
-        maskable, group["word_starts"], budgets, order=keys, drawn=ngrams, max_ngram=3
-    ).numpy()
+    drawn, seeds = _draws_of(rows, spec, seed=11)
+    group = ngram.mask_drawn_ngrams(
+        _group(drawn), lengths=tf.constant([len(i) for i, _ in rows]), spec=spec
+    )
     EVENTS.clear()
-    for r, (_, starts) in enumerate(rows):
+    for r, ((ids, starts), d, seed) in enumerate(zip(rows, drawn, seeds, strict=True)):
         word = np.cumsum(starts)[1:-1] - 2  # the word of each maskable token (CLS is 1)
         word_lengths = np.bincount(word, minlength=word.max(initial=-1) + 1).tolist()
         budget = min(cap or 12, max(1, round(rate * len(word))), len(word))
-        assert budgets[r] == budget, r
-        order = np.argsort(keys[r, : len(word_lengths)], kind="stable").tolist()
-        covered = _albert_rule(
-            word_lengths, order, ngrams[r, : len(order)].numpy().tolist(), budget
+        keys, ngrams = d[mlm.DRAWS_PREFIX + "order"].numpy(), d[mlm.DRAWS_PREFIX + "ngrams"]
+        order = np.argsort(keys[: len(word_lengths)], kind="stable").tolist()
+        covered = _albert_rule(word_lengths, order, ngrams.numpy()[: len(order)].tolist(), budget)
+        expected = sorted(1 + p for p, w in enumerate(word) if w in covered)
+        k = int(group["masked_weights"][r].numpy().sum())
+        assert sorted(group["masked_positions"][r, :k].numpy().tolist()) == expected, r
+        one = ngram.mask_ngrams(
+            {"input_ids": tf.constant(ids), "word_starts": tf.constant(starts)},
+            seed=seed,
+            spec=spec,
         )
-        expected = [1 + p for p, w in enumerate(word) if w in covered]
-        assert np.flatnonzero(covered_tokens[r]).tolist() == expected, r
+        for key, value in one.items():
+            np.testing.assert_array_equal(group[key][r, : len(value)], value, err_msg=f"{r} {key}")
     # the rule's paths ran: n-grams shortened and words skipped (capped), n-grams cut at the
     # row's end and overlaps refused (crowded)
     wanted = ("shortened", "skipped") if cap else ("cut at the end", "overlapped")
     assert min(EVENTS[k] for k in wanted) >= 5, EVENTS
-
-
-def test_dynamic_masking_masks_groups_of_rows_each_within_its_own_length():
-    """The tasks' path: 70 rows of one-piece words (two groups of 32 and a rest of 6) each get
-    exactly their budget of predictions, inside their own row, of their own tokens; nothing
-    else of a row changes; two epochs draw other masks."""
-    rng = np.random.default_rng(4)
-    rows = [_row(rng, int(rng.integers(1, 90)), 1) for _ in range(70)]
-    sig = {k: tf.TensorSpec([None], tf.int32) for k in ("input_ids", "word_starts")}
-    gen = lambda: ({"input_ids": i, "word_starts": s} for i, s in rows)  # noqa: E731
-    ds = tf.data.Dataset.from_generator(gen, output_signature=sig).repeat(2)
-    with seqio.utils.map_seed_manager(5):
-        out = list(ngram.ngram_dynamic_mlm(ds, spec=SPEC).as_numpy_iterator())
-    assert len(out) == 140
-    for (ids, starts), got in zip(rows + rows, out, strict=True):
-        n = len(ids) - 2
-        k = int(got["masked_weights"].sum())
-        assert k == min(40, max(1, round(0.15 * n)), n)
-        positions = got["masked_positions"][:k]
-        assert ((positions >= 1) & (positions <= n)).all()
-        np.testing.assert_array_equal(got["masked_ids"][:k], ids[positions])
-        kept = np.ones(len(ids), bool)
-        kept[positions] = False
-        np.testing.assert_array_equal(got["input_ids"][kept], ids[kept])
-        np.testing.assert_array_equal(got["word_starts"], starts)
-    first, second = out[:70], out[70:]
-    assert any(
-        not np.array_equal(a["masked_positions"], b["masked_positions"])
-        for a, b in zip(first, second, strict=True)
-    )

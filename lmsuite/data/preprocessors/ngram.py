@@ -13,9 +13,9 @@ For max_ngram 3, p(n) = 6/11, 3/11, 2/11 before budget cuts. ALBERT's rule
 Each covered token gets its own 80/10/10 draw, as in ALBERT. The `albert_sop` task caps the
 budget at ALBERT's `max_predictions_per_seq` = 20 (`MlmSpec.prediction_cap`), whatever L.
 
-The tasks mask rows a group at a time (`mask_ngrams` on a group: the draws of every row at
-once, then one loop turn per visit for the whole group), where a loop per row was most of an
-ALBERT row's input CPU.
+Each row draws its numbers under its own seed (`ngram_mask_draws`: none depends on the row's
+words); the tasks then mask rows a group at a time (`mask_drawn_ngrams`), one loop turn per
+visit for the whole group, where a loop per row was most of an ALBERT row's input CPU.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def choose_drawn_ngrams(
     drawn: tf.Tensor,
     max_ngram: int,
 ) -> tf.Tensor:
-    """Bool [G, L]: the tokens ALBERT's rule covers in each row of a group, from the rows'
-    `ngram_draws` (`order` keys and `drawn` n [G, L]; past a row's words they are not used)
+    """Bool [G, L]: the tokens ALBERT's rule covers in each row of a group, from each row's
+    `ngram_draws` (`order` keys and `drawn` n [G, L], past a row's own length zero or anything)
     and `budget` [G].
 
     The rule visits one word per turn, so a row loops once per visit until its budget is met
@@ -126,54 +126,77 @@ def choose_drawn_ngrams(
     return maskable & tf.gather(padded, tf.where(index >= 0, index, width), batch_dims=1)
 
 
-def mask_ngrams(
-    features: mlm.Features,
-    *,
-    seed: tf.Tensor,
-    spec: mlm.MlmSpec,
-    max_ngram: int = 3,
-    lengths: tf.Tensor | None = None,
+def ngram_mask_draws(
+    features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec, max_ngram: int = 3
 ) -> mlm.Features:
-    """ALBERT n-gram masking of one example, or of a group of rows (as `mlm.mask_tokens`).
+    """Every random number of one row's n-gram masking, added as 1-D features: `ngram_draws`
+    and the per-token replacement draws (`mlm.replacement_draws`). `mask_drawn_ngrams` then
+    masks a group of such rows as `mask_ngrams` masks each."""
+    mlm.require_features(features, ["input_ids", "word_starts"], where="mask_ngrams")
+    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    shape = tf.shape(features["input_ids"])
+    order, ngrams = ngram_draws(shape, seed=choose_seed, max_ngram=max_ngram)
+    decisions, random_ids = mlm.replacement_draws(shape, seed=replace_seed, spec=spec)
+    drawn = {"order": order, "ngrams": ngrams, "decisions": decisions, "random_ids": random_ids}
+    return {**features, **{mlm.DRAWS_PREFIX + k: v for k, v in drawn.items()}}
 
-    Input: `input_ids` [L], `word_starts` [L]; or a group [G, L] with the rows' `lengths` [G]
-    (tokens past them are padding, never masked). Output: as `mlm.mask_tokens`. Every row
-    draws its own numbers from `seed` (`ngram_draws` and the 80/10/10 replacements, one per
-    token), so a row's mask depends on the group it is masked in, as a BERT row's does.
+
+def mask_drawn_ngrams(
+    rows: mlm.Features, *, lengths: tf.Tensor, spec: mlm.MlmSpec, max_ngram: int = 3
+) -> mlm.Features:
+    """`mask_ngrams` on a group of rows [G, L] (their own `lengths` [G], zero-padded past them)
+    carrying their `ngram_mask_draws`; the draws are dropped."""
+    drawn, rows = mlm.split_draws(rows)
+    maskable = mlm.maskable_tokens(rows, spec=spec, lengths=lengths)
+    budget = mlm.prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32), axis=-1), spec=spec)
+    selected = choose_drawn_ngrams(
+        maskable,
+        rows["word_starts"],
+        budget,
+        order=drawn["order"],
+        drawn=drawn["ngrams"],
+        max_ngram=max_ngram,
+    )
+    return mlm.finish_masking(
+        rows, selected, spec=spec, drawn=(drawn["decisions"], drawn["random_ids"])
+    )
+
+
+def mask_ngrams(
+    features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec, max_ngram: int = 3
+) -> mlm.Features:
+    """ALBERT n-gram masking of one example: `ngram_mask_draws` then `mask_drawn_ngrams` on a
+    group of one (the tasks draw row by row and mask groups, with the same masks).
+
+    Input: `input_ids` [L], `word_starts` [L]. Output: as `mlm.mask_tokens`.
 
     Example (mask_id 4, specials (2, 3), max_predictions 3): input_ids
     [2, 10, 11, 12, 13, ..., 29, 3] with one-piece words, 20 maskable -> budget 3, e.g. the
     trigram 15 16 17 -> [2, ..., 14, 4, 4, 17, 18, ...] (17 kept by its own 10% draw),
     masked_positions [6, 7, 8], masked_ids [15, 16, 17]; or a bigram plus a unigram.
     """
-    mlm.require_features(features, ["input_ids", "word_starts"], where="mask_ngrams")
-    if lengths is None:  # one example: a group of one
-        one = mask_ngrams(
-            {k: v[None] for k, v in features.items()},
-            seed=seed,
-            spec=spec,
-            max_ngram=max_ngram,
-            lengths=tf.size(features["input_ids"])[None],
-        )
-        return {k: v[0] for k, v in one.items()}
-    choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    maskable = mlm.maskable_tokens(features, spec=spec, lengths=lengths)
-    budget = mlm.prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32), axis=-1), spec=spec)
-    order, drawn = ngram_draws(
-        tf.shape(features["input_ids"]), seed=choose_seed, max_ngram=max_ngram
+    drawn = ngram_mask_draws(features, seed=seed, spec=spec, max_ngram=max_ngram)
+    one = mask_drawn_ngrams(
+        {k: v[None] for k, v in drawn.items()},
+        lengths=tf.size(features["input_ids"])[None],
+        spec=spec,
+        max_ngram=max_ngram,
     )
-    selected = choose_drawn_ngrams(
-        maskable, features["word_starts"], budget, order=order, drawn=drawn, max_ngram=max_ngram
-    )
-    return mlm.finish_masking(features, selected, seed=replace_seed, spec=spec)
+    return {k: v[0] for k, v in one.items()}
 
 
 def ngram_dynamic_mlm(
     dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, max_ngram: int = 3
 ) -> tf.data.Dataset:
-    """ALBERT n-gram MLM with a fresh mask each time an example is seen, `mlm.GROUP_SIZE`
-    examples per call (`mlm.grouped_dynamic_masking`)."""
-    return mlm.grouped_dynamic_masking(dataset, mask_fn=mask_ngrams, spec=spec, max_ngram=max_ngram)
+    """ALBERT n-gram MLM with a fresh mask each time an example is seen: each row draws under
+    its own seed (`ngram_mask_draws`), groups of rows are masked together (the same masks)."""
+    return mlm.grouped_dynamic_masking(
+        dataset,
+        draw_fn=ngram_mask_draws,
+        mask_fn=mask_drawn_ngrams,
+        spec=spec,
+        max_ngram=max_ngram,
+    )
 
 
 def ngram_static_mlm(
