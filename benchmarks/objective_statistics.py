@@ -243,18 +243,15 @@ def albert(scale) -> list[Row]:
     )  # fmt: skip
     labels = np.fromiter(sop.map(lambda x: x["sentence_order_label"]).as_numpy_iterator(), int)
     n = 3 * MIN_POOL // scale
-    three = ngram.sample_ngram_lengths([n], seed=tf.constant([5, 6])).numpy()
-    # Another draw: at the second-to-last word, n = 2 or 3 both take the last two words.
-    two = ngram.sample_ngram_lengths([n], seed=tf.constant([1, 2])).numpy()
+    three = ngram.sample_ngram_lengths(seed=tf.constant([5, 6]), available=tf.fill([n], 3))
+    two = ngram.sample_ngram_lengths(seed=tf.constant([1, 2]), available=tf.fill([n], 2))
+    three, two = three.numpy(), two.numpy()
     pvals = f"{ALBERT} create_masked_lm_predictions(): pvals = 1 / arange(1, 4), normalised"
     ngrams = [
-        (f"p(n = {m})", int((three == m).sum()), n, p, f"{pvals}: {round(11 * p)}/11")
+        (f"p(n = {m}), 3 words left", int((three == m).sum()), n, p, f"{pvals}: {round(11 * p)}/11")
         for m, p in zip([1, 2, 3], ngram.ngram_probabilities(3), strict=True)
     ]
-    ngrams.append((
-        "bigram at the second-to-last word", int((two >= 2).sum()), n, 5 / 11,
-        f"{pvals}, n drawn whatever is left; cand_indexes[idx:idx + n]: 5/11",
-    ))  # fmt: skip
+    ngrams.append(("p(n = 1), 2 words left", int((two == 1).sum()), n, 2 / 3, f"{pvals}[:2]: 2/3"))
     rows, _ = _task_rows("wiki_sample_albert_sop", 512, rows=1000 // scale)
     counts = np.array([int(r["masked_weights"].sum()) for r in rows])
     full = np.array([len(r["input_ids"]) >= 140 for r in rows])  # round(0.15 * 138) > 20

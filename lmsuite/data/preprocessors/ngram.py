@@ -1,21 +1,15 @@
 """ALBERT n-gram masking: mask runs of n <= 3 whole words, p(n) proportional to 1/n.
 
 For max_ngram 3, p(n) = 6/11, 3/11, 2/11 before budget cuts. ALBERT's rule
-(google-research/albert create_pretraining_data.py, create_masked_lm_predictions), restated:
+(google-research/albert create_pretraining_data.py), restated:
 
-  visit the words in a random order; at word w draw n from p(n), and take the n words from w,
-  fewer where the row ends first (ALBERT slices `cand_indexes[idx:idx + n]`: its n is drawn
-  from every length whatever is left, so a trigram drawn at the second-to-last word covers
-  the last two); shorten the n-gram while its tokens overflow the budget (skip w if even one
-  word overflows); skip w if any word of the n-gram is already covered; otherwise cover its
-  words. Stop once the budget is reached.
+  visit the words in a random order; at word w draw n from p(n) restricted to the n-grams that
+  exist from w (n <= words left); shorten n while the n-gram's tokens overflow the budget
+  (skip w if even one word overflows); skip w if any word of the n-gram is already covered;
+  otherwise cover the n words. Stop once the budget is reached.
 
 Each covered token gets its own 80/10/10 draw, as in ALBERT. The `albert_sop` task caps the
 budget at ALBERT's `max_predictions_per_seq` = 20 (`MlmSpec.prediction_cap`), whatever L.
-
-Each row draws its numbers under its own seed (`ngram_mask_draws`: none depends on the row's
-words); the tasks then mask rows a group at a time (`mask_drawn_ngrams`), one loop turn per
-visit for the whole group, where a loop per row was most of an ALBERT row's input CPU.
 """
 
 from __future__ import annotations
@@ -34,28 +28,33 @@ def ngram_probabilities(max_ngram: int) -> np.ndarray:
     return inverse / inverse.sum()
 
 
-def sample_ngram_lengths(shape: tf.Tensor, *, seed: tf.Tensor, max_ngram: int = 3) -> tf.Tensor:
-    """Draws n in 1..max_ngram with p(n) proportional to 1/n, int32 of `shape`: the inverse of
-    the cumulative p at one uniform draw each.
+def sample_ngram_lengths(*, seed: tf.Tensor, available: tf.Tensor, max_ngram: int = 3) -> tf.Tensor:
+    """Draws n in 1..min(max_ngram, available[i]) with p(n) proportional to 1/n, int32 [N].
 
-    Example: shape [4] -> e.g. [1, 1, 3, 2].
+    Example: available [3, 3, 1] -> e.g. [1, 2, 1] (the last can only be 1).
     """
-    cumulative = tf.constant(np.cumsum(ngram_probabilities(max_ngram))[:-1], tf.float32)
-    uniform = tf.random.stateless_uniform(shape, seed)
-    return 1 + tf.reduce_sum(tf.cast(uniform[..., None] >= cumulative, tf.int32), axis=-1)
+    ns = tf.range(1, max_ngram + 1)
+    logits = tf.where(
+        ns[None, :] <= tf.cast(available, tf.int32)[:, None],
+        tf.math.log(1.0 / tf.cast(ns, tf.float32))[None, :],
+        -np.inf,
+    )
+    draws = tf.random.stateless_categorical(logits, 1, seed, dtype=tf.int32)[:, 0]
+    return draws + 1
 
 
 def ngram_draws(
-    shape: tf.Tensor, *, seed: tf.Tensor, max_ngram: int
+    maskable: tf.Tensor, word_starts: tf.Tensor, *, seed: tf.Tensor, max_ngram: int
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """The draws of ALBERT's selection for one row of `shape` [L], one per token (a row has
-    no more words than tokens): (visiting-order keys, the n of each visit), float32 and int32.
-    The row's W words are visited in the order of the first W keys (`choose_drawn_ngrams`)."""
+    """The draws of ALBERT's selection for one row [L]: (the words in visiting order, the n
+    drawn at each visit), int32 [W] each for the row's W words (`choose_drawn_ngrams`)."""
+    _, num_words = whole_word.unit_index(maskable, word_starts)
     order_seed, ngram_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    return (
-        tf.random.stateless_uniform(shape, order_seed),
-        sample_ngram_lengths(shape, seed=ngram_seed, max_ngram=max_ngram),
+    order = tf.argsort(tf.random.stateless_uniform([num_words], order_seed), stable=True)
+    drawn = sample_ngram_lengths(
+        seed=ngram_seed, available=tf.minimum(max_ngram, num_words - order), max_ngram=max_ngram
     )
+    return order, drawn
 
 
 def choose_drawn_ngrams(
@@ -68,23 +67,19 @@ def choose_drawn_ngrams(
     max_ngram: int,
 ) -> tf.Tensor:
     """Bool [G, L]: the tokens ALBERT's rule covers in each row of a group, from each row's
-    `ngram_draws` (`order` keys and `drawn` n [G, L], past a row's own length zero or anything)
-    and `budget` [G].
+    `ngram_draws` (`order`, `drawn` [G, W], zero past a row's own words) and `budget` [G].
 
     The rule visits one word per turn, so a row loops once per visit until its budget is met
     (a dozen or two turns at ALBERT's 20 predictions); the group takes its turns together, one
     loop for all its rows, which turns until its busiest row is done. A row that is done takes
     nothing more, as its own loop would have stopped.
 
-    Example (one row, one-token words 0-5, budget 3): keys ordering the words 5, 0, 1, ..., n
-    [3, 3, ...] -> visit word 5: the trigram cut at the row's end to the unigram 5 (1 token);
-    visit word 0: the trigram 0 1 2 overflows, cut to the bigram 0 1 (3 tokens): budget met.
+    Example (one row, one-token words 0-5, budget 3): order [4, 0, 1, ...], n [2, 3, ...] ->
+    visit word 4: the bigram 4 5 (2 tokens); visit word 0: the trigram 0 1 2 overflows, cut to
+    the unigram 0 (3 tokens): words 0, 4, 5 covered, budget met.
     """
     index, num_words = whole_word.unit_index(maskable, word_starts)
-    rows, width = tf.shape(maskable)[0], tf.shape(maskable)[1]
-    # A row's words in the order of their keys (uniform in [0, 1)); the rest after them.
-    words = tf.range(width)[None, :]
-    order = tf.argsort(tf.where(words < num_words[:, None], order, 2.0), axis=1, stable=True)
+    rows, width = tf.shape(maskable)[0], tf.shape(order)[1]
     # Tokens per word, then before each word: a row's non-maskable tokens count to a dropped
     # last column.
     slot = tf.where(index >= 0, index, width) + (width + 1) * tf.range(rows)[:, None]
@@ -95,6 +90,7 @@ def choose_drawn_ngrams(
     prefix = tf.concat([tf.zeros([rows, 1], tf.int32), tf.cumsum(lengths, axis=1)], 1)
     budget = tf.cast(budget, tf.int32)
     ns = tf.range(1, max_ngram + 1)[None, :]
+    words = tf.range(width)[None, :]
 
     def busy(j, count):
         return (j < num_words) & (count < budget)
@@ -130,13 +126,18 @@ def ngram_mask_draws(
     features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec, max_ngram: int = 3
 ) -> mlm.Features:
     """Every random number of one row's n-gram masking, added as 1-D features: `ngram_draws`
-    and the per-token replacement draws (`mlm.replacement_draws`). `mask_drawn_ngrams` then
-    masks a group of such rows as `mask_ngrams` masks each."""
+    (which need the row's word count) and the per-token replacement draws
+    (`mlm.replacement_draws`). `mask_drawn_ngrams` then masks a group of such rows as
+    `mask_ngrams` masks each."""
     mlm.require_features(features, ["input_ids", "word_starts"], where="mask_ngrams")
     choose_seed, replace_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    shape = tf.shape(features["input_ids"])
-    order, ngrams = ngram_draws(shape, seed=choose_seed, max_ngram=max_ngram)
-    decisions, random_ids = mlm.replacement_draws(shape, seed=replace_seed, spec=spec)
+    maskable = mlm.maskable_tokens(features, spec=spec)
+    order, ngrams = ngram_draws(
+        maskable, features["word_starts"], seed=choose_seed, max_ngram=max_ngram
+    )
+    decisions, random_ids = mlm.replacement_draws(
+        tf.shape(features["input_ids"]), seed=replace_seed, spec=spec
+    )
     drawn = {"order": order, "ngrams": ngrams, "decisions": decisions, "random_ids": random_ids}
     return {**features, **{mlm.DRAWS_PREFIX + k: v for k, v in drawn.items()}}
 
