@@ -374,12 +374,12 @@ def test_grouped_word_masking_follows_a_loop_over_each_rows_draws():
             for k, v in ernie.unit_mask_draws(
                 {k: tf.constant(v) for k, v in row.items()}, seed=tf.constant([i, 7]), spec=spec
             ).items()
-            if k.startswith(mlm.DRAWS_PREFIX)
+            if k.startswith(ernie.DRAWS_PREFIX)
         }
         for i, row in enumerate(rows)
     ]
     with_draws = [
-        {**row, **{mlm.DRAWS_PREFIX + k: v for k, v in d.items()}}
+        {**row, **{ernie.DRAWS_PREFIX + k: v for k, v in d.items()}}
         for row, d in zip(rows, drawn, strict=True)
     ]
     lengths = [row["input_ids"].size for row in rows]
@@ -405,7 +405,7 @@ def test_grouped_word_masking_follows_a_loop_over_each_rows_draws():
         assert out[ernie2.CAPITALIZATION_KEY][i, :n].numpy().tolist() == list(
             row[ernie2.CAPITALIZATION_KEY]
         )
-        assert not any(k.startswith(mlm.DRAWS_PREFIX) for k in out)
+        assert not any(k.startswith(ernie.DRAWS_PREFIX) for k in out)
         overflowed += skipped > 0
     assert overflowed >= 5  # the fit-or-skip path, not only rows whose chosen words all fit
 

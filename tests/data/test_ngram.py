@@ -1,9 +1,6 @@
 """Oracle tests for ALBERT n-gram masking (lmsuite.data.preprocessors.ngram)."""
 
-import collections
-
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import mlm, ngram
@@ -94,83 +91,3 @@ def test_ngrams_cover_whole_words_within_budget():
                 run_lengths.append(run)
                 run = 0
     assert max(run_lengths) >= 2  # n-grams longer than one word do occur
-
-
-def _albert_rule(word_lengths, order, ngrams, budget):
-    """ALBERT's selection as the module docstring states it, in plain Python, fed a row's
-    draws: the set of words covered."""
-    covered, count = set(), 0
-    for start, n in zip(order, ngrams, strict=True):
-        if count >= budget:
-            break
-        while n > 0 and count + sum(word_lengths[start : start + n]) > budget:
-            n -= 1  # shorten the n-gram while it overflows
-            EVENTS["shortened"] += 1
-        words = set(range(start, start + n))
-        if n == 0 or words & covered:
-            EVENTS["skipped" if n == 0 else "overlapped"] += 1
-            continue
-        covered |= words
-        count += sum(word_lengths[start : start + n])
-    return covered
-
-
-EVENTS = collections.Counter()
-
-
-def _draws_of(rows, spec, seed):
-    features = [{"input_ids": tf.constant(i), "word_starts": tf.constant(s)} for i, s in rows]
-    seeds = [tf.constant([seed, i], tf.int64) for i in range(len(rows))]
-    return [
-        ngram.ngram_mask_draws(f, seed=s, spec=spec) for f, s in zip(features, seeds, strict=True)
-    ], seeds
-
-
-def _group(drawn):
-    """Rows of different lengths and draw widths as one zero-padded group."""
-    width = {k: max(int(tf.size(d[k])) for d in drawn) for k in drawn[0]}
-    return {
-        k: tf.stack([tf.pad(d[k], [[0, width[k] - int(tf.size(d[k]))]]) for d in drawn])
-        for k in drawn[0]
-    }
-
-
-@pytest.mark.parametrize(
-    "rate, cap, max_words",
-    [(0.15, 6, 70), (0.6, None, 12)],  # budgets cut by ALBERT-like caps; crowded short rows
-)
-def test_a_group_masks_each_row_as_albert_s_rule_would(rate, cap, max_words):
-    """48 rows (1-4 pieces per word, so that n-grams overflow the budget and shorten, or
-    overlap words already covered; one row with nothing maskable, one of a single word) masked
-    as one padded group: each row covers exactly the words the plain-Python rule covers with the
-    row's own draws, and the group's rows equal `mask_ngrams` row by row."""
-    spec = mlm.MlmSpec(
-        mask_id=MASK, vocab_size=1000, special_ids=SPECIALS, max_predictions=12,
-        mask_rate=rate, prediction_cap=cap,
-    )  # fmt: skip
-    rng = np.random.default_rng(3)
-    rows = [_row(rng, int(rng.integers(2, max_words)), 4) for _ in range(46)]
-    rows += [_row(rng, 0, 1), _row(rng, 1, 3)]
-    drawn, seeds = _draws_of(rows, spec, seed=11)
-    group = ngram.mask_drawn_ngrams(
-        _group(drawn), lengths=tf.constant([len(i) for i, _ in rows]), spec=spec
-    )
-    EVENTS.clear()
-    for r, ((ids, starts), d, seed) in enumerate(zip(rows, drawn, seeds, strict=True)):
-        word = np.cumsum(starts)[1:-1] - 2  # the word of each maskable token (CLS is 1)
-        word_lengths = np.bincount(word, minlength=word.max(initial=-1) + 1).tolist()
-        budget = min(cap or 12, max(1, round(rate * len(word))), len(word))
-        order, ngrams = d[mlm.DRAWS_PREFIX + "order"].numpy(), d[mlm.DRAWS_PREFIX + "ngrams"]
-        covered = _albert_rule(word_lengths, order.tolist(), ngrams.numpy().tolist(), budget)
-        expected = sorted(1 + p for p, w in enumerate(word) if w in covered)
-        k = int(group["masked_weights"][r].numpy().sum())
-        assert sorted(group["masked_positions"][r, :k].numpy().tolist()) == expected, r
-        one = ngram.mask_ngrams(
-            {"input_ids": tf.constant(ids), "word_starts": tf.constant(starts)},
-            seed=seed,
-            spec=spec,
-        )
-        for key, value in one.items():
-            np.testing.assert_array_equal(group[key][r, : len(value)], value, err_msg=f"{r} {key}")
-    # the rule's paths ran: n-grams shortened, words skipped (capped), overlaps refused (crowded)
-    assert EVENTS["shortened"] >= 5 and EVENTS["skipped" if cap else "overlapped"] >= 5, EVENTS

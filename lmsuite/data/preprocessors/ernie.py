@@ -164,6 +164,9 @@ def choose_drawn_units(
     return maskable & tf.gather(taken, tf.where(index >= 0, index, width), batch_dims=1)
 
 
+DRAWS_PREFIX = "__draws__/"  # a row's own draws, between `unit_mask_draws` and its group
+
+
 def unit_mask_draws(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpec) -> mlm.Features:
     """Every random number of one row's unit masking, added as 1-D features: the unit draws of
     `choose_drawn_units` (`unit_draws`) and the per-token replacement draws
@@ -174,7 +177,7 @@ def unit_mask_draws(features: mlm.Features, *, seed: tf.Tensor, spec: mlm.MlmSpe
     select, order = unit_draws(shape, seed=choose_seed)
     decisions, random_ids = mlm.replacement_draws(shape, seed=replace_seed, spec=spec)
     drawn = {"select": select, "order": order, "decisions": decisions, "random_ids": random_ids}
-    return {**features, **{mlm.DRAWS_PREFIX + k: v for k, v in drawn.items()}}
+    return {**features, **{DRAWS_PREFIX + k: v for k, v in drawn.items()}}
 
 
 def mask_drawn_units(
@@ -182,7 +185,8 @@ def mask_drawn_units(
 ) -> mlm.Features:
     """`mask_units` on a group of rows [G, L] (their own `lengths` [G], zero-padded past them)
     carrying their `unit_mask_draws`; the draws are dropped."""
-    drawn, rows = mlm.split_draws(rows)
+    drawn = {k[len(DRAWS_PREFIX) :]: v for k, v in rows.items() if k.startswith(DRAWS_PREFIX)}
+    rows = {k: v for k, v in rows.items() if not k.startswith(DRAWS_PREFIX)}
     maskable = mlm.maskable_tokens(rows, spec=spec, lengths=lengths)
     selected = choose_drawn_units(
         maskable,

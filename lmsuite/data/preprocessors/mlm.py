@@ -188,15 +188,6 @@ def maskable_tokens(
     return maskable
 
 
-DRAWS_PREFIX = "__draws__/"  # a row's own draws, between a masker's draw map and its group
-
-
-def split_draws(rows: Features) -> tuple[Features, Features]:
-    """(the draws a draw map added, named without `DRAWS_PREFIX`; the other features)."""
-    drawn = {k[len(DRAWS_PREFIX) :]: v for k, v in rows.items() if k.startswith(DRAWS_PREFIX)}
-    return drawn, {k: v for k, v in rows.items() if not k.startswith(DRAWS_PREFIX)}
-
-
 def replacement_draws(shape: tf.Tensor, *, seed: tf.Tensor, spec: MlmSpec):
     """(uniform float32 decision draws, random replacement ids), each of `shape`: every random
     number `apply_replacements` uses, for maskers that draw per example and corrupt a group."""
