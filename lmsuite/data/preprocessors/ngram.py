@@ -3,10 +3,13 @@
 For max_ngram 3, p(n) = 6/11, 3/11, 2/11 before budget cuts. ALBERT's rule
 (google-research/albert create_pretraining_data.py), restated:
 
-  visit the words in a random order; at word w draw n from p(n) restricted to the n-grams that
-  exist from w (n <= words left); shorten n while the n-gram's tokens overflow the budget
-  (skip w if even one word overflows); skip w if any word of the n-gram is already covered;
-  otherwise cover the n words. Stop once the budget is reached.
+  visit the words in a random order; at word w draw n from p(n) over every n, whatever is left
+  of the row, and cut the n-gram at the row's end (ALBERT draws from
+  `ngrams[:len(cand_index_set)]`, which always holds all max_ngram lengths, and slices
+  `cand_indexes[idx:idx + n]`: at the second-to-last word the bigram comes 5/11 of the time, not
+  the 1/3 of a draw among the n-grams that fit); shorten n while the n-gram's tokens overflow the
+  budget (skip w if even one word overflows); skip w if any word of the n-gram is already
+  covered; otherwise cover the n words. Stop once the budget is reached.
 
 Each covered token gets its own 80/10/10 draw, as in ALBERT. The `albert_sop` task caps the
 budget at ALBERT's `max_predictions_per_seq` = 20 (`MlmSpec.prediction_cap`), whatever L.
@@ -28,17 +31,14 @@ def ngram_probabilities(max_ngram: int) -> np.ndarray:
     return inverse / inverse.sum()
 
 
-def sample_ngram_lengths(*, seed: tf.Tensor, available: tf.Tensor, max_ngram: int = 3) -> tf.Tensor:
-    """Draws n in 1..min(max_ngram, available[i]) with p(n) proportional to 1/n, int32 [N].
+def sample_ngram_lengths(*, seed: tf.Tensor, num: tf.Tensor, max_ngram: int = 3) -> tf.Tensor:
+    """Draws `num` n's in 1..max_ngram with p(n) proportional to 1/n, int32 [num].
 
-    Example: available [3, 3, 1] -> e.g. [1, 2, 1] (the last can only be 1).
+    Not restricted to the words left: `choose_ngrams` cuts an n-gram at the row's end, as ALBERT
+    does. Example: num 4 -> e.g. [1, 3, 1, 2].
     """
-    ns = tf.range(1, max_ngram + 1)
-    logits = tf.where(
-        ns[None, :] <= tf.cast(available, tf.int32)[:, None],
-        tf.math.log(1.0 / tf.cast(ns, tf.float32))[None, :],
-        -np.inf,
-    )
+    logits = tf.math.log(ngram_probabilities(max_ngram).astype(np.float32))
+    logits = tf.tile(logits[None, :], tf.stack([num, 1]))
     draws = tf.random.stateless_categorical(logits, 1, seed, dtype=tf.int32)[:, 0]
     return draws + 1
 
@@ -57,15 +57,14 @@ def choose_ngrams(
     prefix = tf.concat([[0], tf.cumsum(lengths)], 0)
     order_seed, ngram_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     order = tf.argsort(tf.random.stateless_uniform([num_words], order_seed), stable=True)
-    drawn = sample_ngram_lengths(
-        seed=ngram_seed, available=tf.minimum(max_ngram, num_words - order), max_ngram=max_ngram
-    )
+    drawn = sample_ngram_lengths(seed=ngram_seed, num=num_words, max_ngram=max_ngram)
     ns = tf.range(1, max_ngram + 1)
 
     def body(j, count, covered):
         start, n = order[j], drawn[j]
         ends = tf.minimum(start + ns, num_words)
         tokens = tf.gather(prefix, ends) - prefix[start]
+        # n-grams running past the row's end are cut there (ALBERT's slice)
         fits = (ns <= n) & (start + ns <= num_words) & (count + tokens <= budget)
         n_cut = tf.reduce_max(tf.where(fits, ns, 0))
         span = tf.range(num_words)
