@@ -74,8 +74,19 @@ TINY_ENCODERS = [
 # Twins' auxiliary labels that may stay at chance: twin -> {label, as the report names it: why}.
 # The run is an expected failure only when every label that did not learn is listed; the
 # other heads must learn. albert_tiny's SOP, at chance on the Wikipedia sample, learns on the
-# Shakespeare corpus.
-AUXILIARY_NOT_LEARNT: dict[str, dict[str, str]] = {}
+# Shakespeare corpus. bert_multitask_tiny's NSP and 3-way sentence structure learn at some seeds and
+# not at others, and flip with changes to the other tasks' rows (benchmarks/RESULTS.md,
+# "2026-12-07 (fifth session)"); its MLM and SOP must learn.
+_FRAGILE_PAIR_HEAD = (
+    "learns at some seeds only in 6,000 steps (held-out p from 1e-14 to 0.8 across seeds, "
+    "learning rates and other tasks' masks): benchmarks/RESULTS.md, 2026-12-07 (fifth session)"
+)
+AUXILIARY_NOT_LEARNT: dict[str, dict[str, str]] = {
+    "bert_multitask_tiny": {
+        "next sentence label": _FRAGILE_PAIR_HEAD,
+        "sentence relation label": _FRAGILE_PAIR_HEAD,
+    }
+}
 # Twins whose masked LM may stay on the unigram plateau (an expected failure, with the reason).
 MLM_PLATEAU: dict[str, str] = {}  # unilm2_tiny's left it with TUPE's positions, 2026-12-06
 # Staged twins (ERNIE 2.0's continual schedule): stage -> the held-out accuracies of the tasks
@@ -101,6 +112,18 @@ def _args(name: str, tmp_path, *extra):
     return cli.parse_args(
         ["train", f"--gin_file=experiments/{name}.gin", f"--model_dir={tmp_path}", *extra]
     )
+
+
+def test_expected_label_failures_name_the_twins_own_labels(tmp_path):
+    """An AUXILIARY_NOT_LEARNT entry must match a label the twin's report prints, or the slow
+    test would fail (or excuse nothing) for a typo."""
+    for name, labels in AUXILIARY_NOT_LEARNT.items():
+        assert name in TINY_ENCODERS, name
+        kwargs = cli.load_config(_args(name, tmp_path / name), devices=DEVICES)
+        label_metrics = kwargs["recipe"].recipe.objective.label_metrics
+        printed = {feature.replace("_", " ") for _, feature in label_metrics}
+        assert set(labels) <= printed, (name, set(labels) - printed)
+        assert set(labels) < printed, f"{name}: one label at least must still learn"
 
 
 def test_the_issue_lists_every_experiment():
