@@ -90,6 +90,51 @@ def test_truncated_lengths_match_bert_truncate_seq_pair():
                 assert (int(got[0]), int(got[1])) == want, (a, b, limit)
 
 
+def test_fold_in_base_is_tf_fold_in():
+    # The walk seeds each step as [base, step]: TF's own fold-in, drawn once per document.
+    for seed in ([0, 0], [7, -3], [2**40, 5]):
+        seed = tf.constant(seed, tf.int64)
+        base = int(sp._fold_in_base(seed))
+        for d in (0, 1, 17, 1 << 20):
+            want = tf.random.experimental.stateless_fold_in(seed, tf.constant(d, tf.int32))
+            assert want.numpy().tolist() == [base, d]
+
+
+def test_run_ends_take_sentences_until_the_length_is_reached():
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        lengths = rng.integers(1, 9, size=int(rng.integers(1, 12)))
+        splits = np.concatenate([[0], np.cumsum(lengths)])
+        starts = rng.integers(0, len(lengths), size=8)
+        needs = rng.integers(-3, 45, size=8)
+        got = sp._run_ends(*(tf.constant(x, tf.int32) for x in (splits, starts, needs)))
+        for start, need, end in zip(starts, needs, got.numpy(), strict=True):
+            # BERT's loop: add the next sentence until the run reaches the length or the
+            # document ends.
+            want, total = int(start), int(lengths[start])
+            while total < need and want < len(lengths) - 1:
+                want += 1
+                total += int(lengths[want])
+            assert end == want, (lengths.tolist(), start, need)
+
+
+def test_front_removals_draw_per_step_and_only_where_tokens_go():
+    removed = np.array(
+        [[0, 0], [3, 0], [0, 5], [4, 7], [0, 0], [9, 9], [1, 0], [0, 1], [1, 1], [1, 0]], np.int32
+    )
+    steps = np.arange(10, 20, dtype=np.int32)
+    got = sp._front_removals(
+        tf.constant(removed), steps=tf.constant(steps), fold_base=tf.constant(99)
+    ).numpy()
+    assert got[[0, 4]].tolist() == [[0, 0], [0, 0]]
+    for row in (1, 2, 3, 5, 6, 7, 8, 9):
+        want = tf.random.stateless_binomial(
+            [2], tf.constant([99, steps[row]]), counts=removed[row].astype(np.float32), probs=0.5
+        )
+        assert got[row].tolist() == want.numpy().tolist()
+    assert (got >= 0).all() and (got <= removed).all()
+
+
 def check_balance(labels, probabilities):
     labels = np.asarray(labels)
     n = len(labels)

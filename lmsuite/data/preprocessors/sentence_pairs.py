@@ -80,14 +80,6 @@ def _drop_empty(ids: tf.RaggedTensor, starts: tf.RaggedTensor | None):
     return ids, starts
 
 
-def _first_reaching(splits: tf.Tensor, start: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
-    """Last sentence of the run from `start` whose length first reaches `target` (else the last)."""
-    num = tf.shape(splits)[0] - 1
-    reached = splits[start + 1 :] - splits[start] >= target
-    offsets = tf.range(num - start)
-    return start + tf.reduce_min(tf.where(reached, offsets, num - start - 1))
-
-
 def _truncated_lengths(a: tf.Tensor, b: tf.Tensor, limit: tf.Tensor):
     """Final lengths of BERT's truncate_seq_pair: trim the longer (second on ties)."""
     shorter = tf.minimum(a, b)
@@ -101,6 +93,43 @@ def _truncated_lengths(a: tf.Tensor, b: tf.Tensor, limit: tf.Tensor):
     return final_a, final_b
 
 
+def _fold_in_base(seed: tf.Tensor) -> tf.Tensor:
+    """The int32 `tf.random.experimental.stateless_fold_in(seed, d)` stacks before `d`.
+
+    TF's fold-in is `[stateless_uniform([], seed, full int32 range), d]`: the first half does
+    not depend on `d`, so drawing it once gives the seeds of every step without a fold-in each.
+    `test_fold_in_base_is_tf_fold_in` checks the identity on the installed TF.
+    """
+    return tf.random.stateless_uniform([], seed, minval=None, maxval=None, dtype=tf.int32)
+
+
+def _run_ends(splits: tf.Tensor, starts: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+    """For each start sentence, the last sentence of the run from it that reaches `lengths`.
+
+    A run takes consecutive sentences until its tokens reach the length (else it ends at the
+    last sentence), as BERT gathers a chunk. Sentences are never empty, so `splits` rises
+    strictly and the run's end is a binary search for the first boundary at or past the start's
+    boundary plus the length.
+    """
+    num = tf.shape(splits)[0] - 1
+    boundary = tf.searchsorted(splits, tf.gather(splits, starts) + lengths, side="left")
+    return tf.minimum(tf.maximum(boundary - 1, starts), num - 1)
+
+
+def _first_segment_sentences(u: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """a_end: a uniform point in [1, k - 1] (1 when the chunk has one sentence)."""
+    a_end = tf.where(k >= 2, 1 + tf.cast(u * tf.cast(k - 1, tf.float32), tf.int32), 1)
+    return tf.minimum(a_end, tf.maximum(k - 1, 1))
+
+
+def _random_next(objective: str, k: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
+    if objective == "nsp":
+        return (k == 1) | (u < 0.5)
+    if objective == "structbert":
+        return (k == 1) | (u >= 2.0 / 3.0)
+    return tf.zeros_like(k, tf.bool)
+
+
 def _document_instances(
     features: mlm.Features,
     *,
@@ -111,7 +140,14 @@ def _document_instances(
     cls_id: int,
     sep_id: int,
 ) -> mlm.Features:
-    """All instances of one document, stacked as ragged [N, None], plus `num_skipped`."""
+    """All instances of one document, stacked as ragged [N, None], plus `num_skipped`.
+
+    Step t draws four uniforms under `fold_in(loop_seed, t)` and, when its pair is truncated,
+    the front removals under `fold_in(loop_seed, t + 2**20)`. Only the walk from chunk to chunk
+    is a loop (where the next chunk starts depends on the step's draws: a random B gives the
+    chunk's unused sentences back); every instance's segments, labels and truncation are then
+    computed for all steps at once.
+    """
     max_tokens = max_seq_length - 3
     has_starts = WORD_STARTS_KEY in features
     own, own_starts = _drop_empty(
@@ -136,109 +172,140 @@ def _document_instances(
     short_draw, length_seed = tf.unstack(tf.random.experimental.stateless_split(target_seed, 2))
     is_short = tf.random.stateless_uniform([], short_draw) < short_seq_prob
     target = tf.where(is_short, _uniform_int(length_seed, 2, max_tokens), max_tokens)
+    ends = _run_ends(splits, tf.range(num_own), target)
+    fold_base = _fold_in_base(loop_seed)
+    has_other = num_other > 0
 
-    def body(step, start, skipped, arrays):
-        draws = tf.random.stateless_uniform(
-            [4], tf.random.experimental.stateless_fold_in(loop_seed, step)
-        )
-        trunc_seed = tf.random.experimental.stateless_fold_in(loop_seed, step + (1 << 20))
-        end = _first_reaching(splits, start, target)
-        k = end - start + 1
-        a_end = tf.where(k >= 2, 1 + tf.cast(draws[0] * tf.cast(k - 1, tf.float32), tf.int32), 1)
-        a_end = tf.minimum(a_end, tf.maximum(k - 1, 1))
-        if objective == "nsp":
-            random_next, swap = (k == 1) | (draws[1] < 0.5), tf.constant(False)
-            label = tf.cast(random_next, tf.int32)
-        elif objective == "sop":
-            random_next, swap = tf.constant(False), draws[1] < 0.5
-            label = tf.cast(swap, tf.int32)
-        elif objective == "mlm":
-            random_next, swap, label = tf.constant(False), tf.constant(False), tf.constant(0)
-        else:
-            random_next = (k == 1) | (draws[1] >= 2.0 / 3.0)
-            swap = ~random_next & (draws[1] >= 1.0 / 3.0)
-            label = tf.where(random_next, 2, tf.cast(swap, tf.int32))
-        a_lo, a_hi = splits[start], splits[start + a_end]
-        # The random document's run starts at a uniform sentence and reaches the target.
-        r = tf.minimum(
-            tf.cast(draws[2] * tf.cast(num_other, tf.float32), tf.int32),
-            tf.maximum(num_other - 1, 0),
-        )
-        safe_other = tf.maximum(num_other, 1)
-        r_end = tf.cond(
-            num_other > 0,
-            lambda: _first_reaching(other_splits, r, target - (a_hi - a_lo)),
-            lambda: tf.constant(0),
-        )
-        b_lo = tf.where(random_next, offset + other_splits[tf.minimum(r, safe_other - 1)], a_hi)
-        b_hi = tf.where(
-            random_next, offset + other_splits[tf.minimum(r_end + 1, num_other)], splits[end + 1]
-        )
-        first = (tf.where(swap, b_lo, a_lo), tf.where(swap, b_hi, a_hi))
-        second = (tf.where(swap, a_lo, b_lo), tf.where(swap, a_hi, b_hi))
-        len1, len2 = first[1] - first[0], second[1] - second[0]
-        fin1, fin2 = _truncated_lengths(len1, len2, max_tokens)
-        fronts = tf.cast(
-            tf.random.stateless_binomial(
-                [2],
-                trunc_seed,
-                counts=tf.cast(tf.stack([len1 - fin1, len2 - fin2]), tf.float32),
-                probs=0.5,
-            ),
-            tf.int32,
-        )
-        first = (first[0] + fronts[0], first[0] + fronts[0] + fin1)
-        second = (second[0] + fronts[1], second[0] + fronts[1] + fin2)
-        invalid = (objective == "sop") & (k == 1)
-        invalid |= random_next & (num_other == 0)
-        invalid |= (fin1 < 1) | ((fin2 < 1) & ((objective != "mlm") | (k >= 2)))
-        next_start = tf.where(random_next & ~invalid, start + a_end, end + 1)
-        row = tf.stack([first[0], first[1], second[0], second[1], label])
-        arrays = tf.cond(invalid, lambda: arrays, lambda: arrays.write(arrays.size(), row))
-        return step + 1, next_start, skipped + tf.cast(invalid, tf.int32), arrays
+    def walk(step, start, start_ta, draw_ta):
+        u = tf.random.stateless_uniform([4], tf.stack([fold_base, step]))
+        end = ends[start]
+        next_start = end + 1
+        if objective not in _NO_OTHER_DOCUMENT:
+            k = end - start + 1
+            gives_back = _random_next(objective, k, u[1]) & has_other
+            next_start = tf.where(gives_back, start + _first_segment_sentences(u[0], k), end + 1)
+        return step + 1, next_start, start_ta.write(step, start), draw_ta.write(step, u)
 
-    _, _, skipped, arrays = tf.while_loop(
-        lambda step, start, skipped, arrays: start < num_own,
-        body,
+    _, _, start_ta, draw_ta = tf.while_loop(
+        lambda step, start, start_ta, draw_ta: start < num_own,
+        walk,
         (
             tf.constant(0),
             tf.constant(0),
-            tf.constant(0),
-            tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[5]),
+            tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[]),
+            tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[4]),
         ),
     )
-    rows = tf.reshape(arrays.stack(), [-1, 5])
-    first = tf.ragged.range(rows[:, 0], rows[:, 1])
-    second = tf.ragged.range(rows[:, 2], rows[:, 3])
-    column = tf.ones_like(rows[:, :1])
-    # The closing [SEP] of B; "mlm" rows without a B end at A's [SEP].
-    tail = tf.ones_like(tf.ragged.range(tf.cast(rows[:, 3] > rows[:, 2], tf.int32)))
-
-    def join(left, a, middle, b, right):
-        return tf.concat([left, a, middle, b, right], axis=1)
-
-    out = {
-        "input_ids": join(
-            column * cls_id,
-            tf.gather(tokens, first),
-            column * sep_id,
-            tf.gather(tokens, second),
-            tail * sep_id,
-        ),
-        "token_type_ids": join(
-            column * 0, tf.zeros_like(first), column * 0, tf.ones_like(second), tail
-        ),
-        "num_skipped": skipped + tf.cast(num_own == 0, tf.int32),
-    }
-    if LABEL_KEYS[objective] is not None:
-        out[LABEL_KEYS[objective]] = rows[:, 4]
+    # Every step at once from here. A step that cannot make its pair is skipped and counted;
+    # the others' segments are never empty (sentences are not; a chunk of one sentence takes a
+    # random B, is skipped, or is "mlm"'s lone A; truncation leaves each segment a token).
+    start = tf.reshape(start_ta.stack(), [-1])
+    u = tf.reshape(draw_ta.stack(), [-1, 4])
+    k = tf.gather(ends, start) - start + 1
+    random_next = _random_next(objective, k, u[:, 1])
+    invalid = (objective == "sop") & (k == 1)
+    invalid |= random_next & ~has_other
+    kept = tf.where(~invalid)[:, 0]
+    step = tf.gather(tf.range(tf.shape(start)[0]), kept)
+    start, u, k, random_next = (tf.gather(x, kept) for x in (start, u, k, random_next))
+    if objective == "sop":
+        swap, label = u[:, 1] < 0.5, tf.cast(u[:, 1] < 0.5, tf.int32)
+    elif objective == "structbert":
+        swap = ~random_next & (u[:, 1] >= 1.0 / 3.0)
+        label = tf.where(random_next, 2, tf.cast(swap, tf.int32))
+    else:
+        swap, label = tf.zeros_like(random_next), tf.cast(random_next, tf.int32)
+    a_lo = tf.gather(splits, start)
+    a_hi = tf.gather(splits, start + _first_segment_sentences(u[:, 0], k))
+    # The random document's run starts at a uniform sentence and reaches the target.
+    safe_other = tf.maximum(num_other, 1)
+    r = tf.minimum(tf.cast(u[:, 2] * tf.cast(num_other, tf.float32), tf.int32), safe_other - 1)
+    r_end = _run_ends(other_splits, r, target - (a_hi - a_lo))
+    b_lo = tf.where(random_next, offset + tf.gather(other_splits, r), a_hi)
+    b_hi = tf.where(
+        random_next,
+        offset + tf.gather(other_splits, tf.minimum(r_end + 1, num_other)),
+        tf.gather(splits, start + k),
+    )
+    first = (tf.where(swap, b_lo, a_lo), tf.where(swap, b_hi, a_hi))
+    second = (tf.where(swap, a_lo, b_lo), tf.where(swap, a_hi, b_hi))
+    len1, len2 = first[1] - first[0], second[1] - second[0]
+    fin1, fin2 = _truncated_lengths(len1, len2, max_tokens)
+    fronts = _front_removals(
+        tf.stack([len1 - fin1, len2 - fin2], axis=1), steps=step + (1 << 20), fold_base=fold_base
+    )
+    word_starts = None
     if has_starts:
-        starts = tf.concat([own_starts.flat_values, other_starts.flat_values], 0)
-        starts = tf.cast(starts, tf.int32)
-        out["word_starts"] = join(
-            column, tf.gather(starts, first), column, tf.gather(starts, second), tail
-        )
+        word_starts = tf.concat([own_starts.flat_values, other_starts.flat_values], 0)
+    out = _framed(
+        tokens,
+        word_starts,
+        first=first[0] + fronts[:, 0],
+        first_length=fin1,
+        second=second[0] + fronts[:, 1],
+        second_length=fin2,
+        cls_id=cls_id,
+        sep_id=sep_id,
+    )
+    word_starts = out.pop("word_starts", None)
+    out["num_skipped"] = tf.reduce_sum(tf.cast(invalid, tf.int32))
+    out["num_skipped"] += tf.cast(num_own == 0, tf.int32)
+    if LABEL_KEYS[objective] is not None:
+        out[LABEL_KEYS[objective]] = label
+    if word_starts is not None:
+        out["word_starts"] = word_starts
     return out
+
+
+def _framed(tokens, word_starts, *, first, first_length, second, second_length, cls_id, sep_id):
+    """Rows `[CLS] tokens[first:][:first_length] [SEP] tokens[second:][:second_length] [SEP]`.
+
+    A row with an empty second segment ends at the first [SEP] ("mlm"'s lone A).
+    `token_type_ids` are 0 up to the first [SEP] and 1 after; `word_starts` (when given) follow
+    the tokens, 1 on the specials. Built on the flat positions of all rows at once: one row
+    partition, no ragged concatenation.
+    """
+    tail = tf.cast(second_length > 0, tf.int32)
+    positions = tf.ragged.range(first_length + second_length + 2 + tail)
+    offset, row = positions.flat_values, positions.value_rowids()
+    into_second = offset - tf.gather(first_length, row) - 2
+    in_first = (offset >= 1) & (offset <= tf.gather(first_length, row))
+    in_second = (into_second >= 0) & (into_second < tf.gather(second_length, row))
+    in_segment = in_first | in_second
+    source = tf.where(
+        in_first,
+        tf.gather(first, row) + offset - 1,
+        tf.where(in_second, tf.gather(second, row) + into_second, 0),
+    )
+    out = {
+        "input_ids": tf.where(
+            in_segment, tf.gather(tokens, source), tf.where(offset == 0, cls_id, sep_id)
+        ),
+        "token_type_ids": tf.cast(into_second >= 0, tf.int32),
+    }
+    if word_starts is not None:
+        out["word_starts"] = tf.where(
+            in_segment, tf.gather(tf.cast(word_starts, tf.int32), source), 1
+        )
+    return {key: positions.with_flat_values(values) for key, values in out.items()}
+
+
+def _front_removals(removed: tf.Tensor, *, steps: tf.Tensor, fold_base: tf.Tensor) -> tf.Tensor:
+    """Tokens truncate_seq_pair removes at each segment's front: Binomial(removed, 1/2) each.
+
+    removed: [N, 2] tokens removed from each segment; step n draws under the seed
+    `[fold_base, steps[n]]`. Only the pairs that lose tokens draw (a draw over zero removals is
+    zero), one small loop turn each.
+    """
+    truncated = tf.cast(tf.where(tf.reduce_any(removed > 0, axis=1))[:, 0], tf.int32)
+    counts = tf.cast(tf.gather(removed, truncated), tf.float32)
+    seeds = tf.stack([tf.fill(tf.shape(truncated), fold_base), tf.gather(steps, truncated)], 1)
+    draws = tf.map_fn(
+        lambda args: tf.random.stateless_binomial([2], args[0], counts=args[1], probs=0.5),
+        (seeds, counts),
+        fn_output_signature=tf.int32,
+    )
+    return tf.scatter_nd(truncated[:, None], tf.reshape(draws, [-1, 2]), tf.shape(removed))
 
 
 def _with_other_documents(dataset: tf.data.Dataset, *, seed: int, buffer_size: int):
@@ -343,11 +410,8 @@ def sentence_pairs(
         buffer_size=buffer_size,
     )
 
-    def flatten(instances):
-        instances = {k: v for k, v in instances.items() if k != "num_skipped"}
-        return tf.data.Dataset.from_tensor_slices(instances)
-
-    return per_document.flat_map(flatten)
+    instances = per_document.map(lambda f: {k: v for k, v in f.items() if k != "num_skipped"})
+    return instances.unbatch()
 
 
 def count_skipped_pairs(dataset: tf.data.Dataset, **kwargs) -> int:
