@@ -243,7 +243,7 @@ def albert(scale) -> list[Row]:
     )  # fmt: skip
     labels = np.fromiter(sop.map(lambda x: x["sentence_order_label"]).as_numpy_iterator(), int)
     n = 3 * MIN_POOL // scale
-    three = ngram.sample_ngram_lengths(seed=tf.constant([5, 6]), num=n).numpy()
+    three = ngram.sample_ngram_lengths([n], seed=tf.constant([5, 6])).numpy()
     pvals = f"{ALBERT} create_masked_lm_predictions(): pvals = 1 / arange(1, 4), normalised"
     ngrams = [
         (f"p(n = {m})", int((three == m).sum()), n, p, f"{pvals}: {round(11 * p)}/11")

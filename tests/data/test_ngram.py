@@ -1,10 +1,12 @@
 """Oracle tests for ALBERT n-gram masking (lmsuite.data.preprocessors.ngram)."""
 
+import collections
 import itertools
 import math
 
 import numpy as np
 import pytest
+import seqio
 import tensorflow as tf
 from scipy import stats
 
@@ -42,7 +44,7 @@ def test_probabilities_are_6_3_2_elevenths():
 
 def test_sampler_frequencies_before_budget_cuts():
     n = 60_000
-    draws = ngram.sample_ngram_lengths(seed=tf.constant([5, 6]), num=n, max_ngram=3).numpy()
+    draws = ngram.sample_ngram_lengths([n], seed=tf.constant([5, 6]), max_ngram=3).numpy()
     for length, p in zip([1, 2, 3], [6 / 11, 3 / 11, 2 / 11], strict=True):
         observed = np.mean(draws == length)
         assert abs(observed - p) < 5 * np.sqrt(p * (1 - p) / n), (length, observed, p)
@@ -152,3 +154,110 @@ def test_ngrams_cover_whole_words_within_budget():
                 run_lengths.append(run)
                 run = 0
     assert max(run_lengths) >= 2  # n-grams longer than one word do occur
+
+
+def _albert_rule(word_lengths, order, ngrams, budget):
+    """ALBERT's selection as the module docstring states it, in plain Python, fed a row's
+    draws: the set of words covered."""
+    covered, count = set(), 0
+    for start, n in zip(order, ngrams, strict=True):
+        if count >= budget:
+            break
+        # ALBERT's slice cand_indexes[idx:idx + n]: cut where the row ends
+        while n > 0 and count + sum(word_lengths[start : start + n]) > budget:
+            n -= 1  # shorten the n-gram while it overflows
+            EVENTS["shortened"] += 1
+        words = set(range(start, min(start + n, len(word_lengths))))
+        EVENTS["cut at the end"] += len(words) < n
+        if n == 0 or words & covered:
+            EVENTS["skipped" if n == 0 else "overlapped"] += 1
+            continue
+        covered |= words
+        count += sum(word_lengths[start : start + n])
+    return covered
+
+
+EVENTS = collections.Counter()
+
+
+def _padded(rows):
+    """Rows of different lengths as one zero-padded group, and their lengths."""
+    width = max(len(ids) for ids, _ in rows)
+    pad = lambda x: np.pad(x, [0, width - len(x)])  # noqa: E731
+    group = {
+        "input_ids": tf.constant(np.stack([pad(ids) for ids, _ in rows])),
+        "word_starts": tf.constant(np.stack([pad(starts) for _, starts in rows])),
+    }
+    return group, tf.constant([len(ids) for ids, _ in rows])
+
+
+@pytest.mark.parametrize(
+    "rate, cap, max_words",
+    [(0.15, 6, 70), (0.6, None, 12)],  # budgets cut by ALBERT-like caps; crowded short rows
+)
+def test_a_group_covers_in_each_row_what_albert_s_rule_covers(rate, cap, max_words):
+    """48 rows (1-4 pieces per word, so that n-grams overflow the budget and shorten, or
+    overlap words already covered; one row with nothing maskable, one of a single word) as one
+    padded group: each row covers exactly the words the plain-Python rule covers with the row's
+    own draws."""
+    spec = mlm.MlmSpec(
+        mask_id=MASK, vocab_size=1000, special_ids=SPECIALS, max_predictions=12,
+        mask_rate=rate, prediction_cap=cap,
+    )  # fmt: skip
+    rng = np.random.default_rng(3)
+    rows = [_row(rng, int(rng.integers(2, max_words)), 4) for _ in range(46)]
+    rows += [_row(rng, 0, 1), _row(rng, 1, 3)]
+    group, lengths = _padded(rows)
+    keys, ngrams = ngram.ngram_draws(tf.shape(group["input_ids"]), seed=tf.constant([11, 0]),
+                                     max_ngram=3)  # fmt: skip
+    maskable = mlm.maskable_tokens(group, spec=spec, lengths=lengths)
+    budgets = mlm.prediction_budget(tf.reduce_sum(tf.cast(maskable, tf.int32), axis=-1), spec=spec)
+    covered_tokens = ngram.choose_drawn_ngrams(
+        maskable, group["word_starts"], budgets, order=keys, drawn=ngrams, max_ngram=3
+    ).numpy()
+    EVENTS.clear()
+    for r, (_, starts) in enumerate(rows):
+        word = np.cumsum(starts)[1:-1] - 2  # the word of each maskable token (CLS is 1)
+        word_lengths = np.bincount(word, minlength=word.max(initial=-1) + 1).tolist()
+        budget = min(cap or 12, max(1, round(rate * len(word))), len(word))
+        assert budgets[r] == budget, r
+        order = np.argsort(keys[r, : len(word_lengths)], kind="stable").tolist()
+        covered = _albert_rule(
+            word_lengths, order, ngrams[r, : len(order)].numpy().tolist(), budget
+        )
+        expected = [1 + p for p, w in enumerate(word) if w in covered]
+        assert np.flatnonzero(covered_tokens[r]).tolist() == expected, r
+    # the rule's paths ran: n-grams shortened and words skipped (capped), n-grams cut at the
+    # row's end and overlaps refused (crowded)
+    wanted = ("shortened", "skipped") if cap else ("cut at the end", "overlapped")
+    assert min(EVENTS[k] for k in wanted) >= 5, EVENTS
+
+
+def test_dynamic_masking_masks_groups_of_rows_each_within_its_own_length():
+    """The tasks' path: 70 rows of one-piece words (two groups of 32 and a rest of 6) each get
+    exactly their budget of predictions, inside their own row, of their own tokens; nothing
+    else of a row changes; two epochs draw other masks."""
+    rng = np.random.default_rng(4)
+    rows = [_row(rng, int(rng.integers(1, 90)), 1) for _ in range(70)]
+    sig = {k: tf.TensorSpec([None], tf.int32) for k in ("input_ids", "word_starts")}
+    gen = lambda: ({"input_ids": i, "word_starts": s} for i, s in rows)  # noqa: E731
+    ds = tf.data.Dataset.from_generator(gen, output_signature=sig).repeat(2)
+    with seqio.utils.map_seed_manager(5):
+        out = list(ngram.ngram_dynamic_mlm(ds, spec=SPEC).as_numpy_iterator())
+    assert len(out) == 140
+    for (ids, starts), got in zip(rows + rows, out, strict=True):
+        n = len(ids) - 2
+        k = int(got["masked_weights"].sum())
+        assert k == min(40, max(1, round(0.15 * n)), n)
+        positions = got["masked_positions"][:k]
+        assert ((positions >= 1) & (positions <= n)).all()
+        np.testing.assert_array_equal(got["masked_ids"][:k], ids[positions])
+        kept = np.ones(len(ids), bool)
+        kept[positions] = False
+        np.testing.assert_array_equal(got["input_ids"][kept], ids[kept])
+        np.testing.assert_array_equal(got["word_starts"], starts)
+    first, second = out[:70], out[70:]
+    assert any(
+        not np.array_equal(a["masked_positions"], b["masked_positions"])
+        for a, b in zip(first, second, strict=True)
+    )
