@@ -135,6 +135,25 @@ def test_front_removals_draw_per_step_and_only_where_tokens_go():
     assert (got >= 0).all() and (got <= removed).all()
 
 
+def test_framed_rows_take_their_segments_and_specials():
+    c = lambda x: tf.constant(x, tf.int32)  # noqa: E731
+    out = sp._framed(
+        c([10, 11, 12, 13, 14]),
+        c([1, 0, 1, 1, 0]),
+        first=c([0, 4, 1]),
+        first_length=c([2, 1, 3]),
+        second=c([3, 0, 0]),
+        second_length=c([1, 0, 2]),
+        cls_id=CLS,
+        sep_id=SEP,
+    )
+    assert {k: v.to_list() for k, v in out.items()} == {
+        "input_ids": [[2, 10, 11, 3, 13, 3], [2, 14, 3], [2, 11, 12, 13, 3, 10, 11, 3]],
+        "token_type_ids": [[0, 0, 0, 0, 1, 1], [0, 0, 0], [0] * 5 + [1] * 3],
+        "word_starts": [[1, 1, 0, 1, 1, 1], [1, 0, 1], [1, 0, 1, 1, 1, 1, 0, 1]],
+    }
+
+
 def check_balance(labels, probabilities):
     labels = np.asarray(labels)
     n = len(labels)

@@ -123,6 +123,8 @@ def _first_segment_sentences(u: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
 
 
 def _random_next(objective: str, k: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
+    """Whether B comes from another document (always for NSP's or StructBERT's one-sentence
+    chunk; never for SOP or the MLM instances)."""
     if objective == "nsp":
         return (k == 1) | (u < 0.5)
     if objective == "structbert":
@@ -247,23 +249,34 @@ def _document_instances(
         cls_id=cls_id,
         sep_id=sep_id,
     )
-    word_starts = out.pop("word_starts", None)
     out["num_skipped"] = tf.reduce_sum(tf.cast(invalid, tf.int32))
     out["num_skipped"] += tf.cast(num_own == 0, tf.int32)
     if LABEL_KEYS[objective] is not None:
         out[LABEL_KEYS[objective]] = label
-    if word_starts is not None:
-        out["word_starts"] = word_starts
     return out
 
 
-def _framed(tokens, word_starts, *, first, first_length, second, second_length, cls_id, sep_id):
+def _framed(
+    tokens: tf.Tensor,
+    word_starts: tf.Tensor | None,
+    *,
+    first: tf.Tensor,
+    first_length: tf.Tensor,
+    second: tf.Tensor,
+    second_length: tf.Tensor,
+    cls_id: int,
+    sep_id: int,
+) -> mlm.Features:
     """Rows `[CLS] tokens[first:][:first_length] [SEP] tokens[second:][:second_length] [SEP]`.
 
     A row with an empty second segment ends at the first [SEP] ("mlm"'s lone A).
     `token_type_ids` are 0 up to the first [SEP] and 1 after; `word_starts` (when given) follow
     the tokens, 1 on the specials. Built on the flat positions of all rows at once: one row
     partition, no ragged concatenation.
+
+    Example (cls 2, sep 3): tokens [10, 11, 12, 13, 14], first [0, 4], first_length [2, 1],
+    second [3, 0], second_length [1, 0] -> input_ids [[2, 10, 11, 3, 13, 3], [2, 14, 3]],
+    token_type_ids [[0, 0, 0, 0, 1, 1], [0, 0, 0]].
     """
     tail = tf.cast(second_length > 0, tf.int32)
     positions = tf.ragged.range(first_length + second_length + 2 + tail)
