@@ -50,16 +50,31 @@ def test_sampler_frequencies_before_budget_cuts():
         assert abs(observed - p) < 5 * np.sqrt(p * (1 - p) / n), (length, observed, p)
 
 
+def _albert_visit(word_lengths, start, n, covered, count, budget, events=None):
+    """One visit of ALBERT's rule, in plain Python: the words the n-gram drawn at `start`
+    covers (none when the visit is skipped). The n-gram is the slice cand_indexes[idx:idx + n],
+    cut at the row's end; n is shortened while its tokens overflow the budget; the visit is
+    skipped if even a unigram overflows or a word is already covered."""
+    events = collections.Counter() if events is None else events
+    while n > 0 and count + sum(word_lengths[start : start + n]) > budget:
+        n -= 1  # shorten the n-gram while it overflows
+        events["shortened"] += 1
+    words = set(range(start, min(start + n, len(word_lengths))))
+    events["cut at the end"] += len(words) < n
+    if n == 0 or words & covered:
+        events["skipped" if n == 0 else "overlapped"] += 1
+        return set()
+    return words
+
+
 def _albert_outcomes(word_lengths, budget, max_ngram=3):
     """Exact P(covered words) under ALBERT's create_masked_lm_predictions, restated in Python.
 
     Enumerates every visiting order (ALBERT's shuffle of ngram_indexes) and every n drawn at a
-    visit (np.random.choice over all of ngrams, p = 1/n normalised). The n-gram is the slice
-    cand_indexes[idx:idx + n], cut at the row's end; n is shortened while the n-gram's tokens
-    overflow the budget; the visit is skipped if even a unigram overflows or a word is covered.
+    visit (np.random.choice over all of ngrams, p = 1/n normalised), each visit by
+    `_albert_visit`.
     """
     pvals = ngram.ngram_probabilities(max_ngram)
-    num_words = len(word_lengths)
     outcomes = {}
 
     def visit(order, covered, count, prob):
@@ -69,18 +84,12 @@ def _albert_outcomes(word_lengths, budget, max_ngram=3):
             return
         idx, rest = order[0], order[1:]
         for n, p_n in zip(range(1, max_ngram + 1), pvals, strict=True):
-            gram = list(range(idx, min(idx + n, num_words)))
-            while count + sum(word_lengths[w] for w in gram) > budget and n > 1:
-                n -= 1
-                gram = list(range(idx, min(idx + n, num_words)))
-            tokens = sum(word_lengths[w] for w in gram)
-            if count + tokens > budget or covered & set(gram):
-                visit(rest, covered, count, prob * p_n)
-            else:
-                visit(rest, covered | set(gram), count + tokens, prob * p_n)
+            words = _albert_visit(word_lengths, idx, n, covered, count, budget)
+            tokens = sum(word_lengths[w] for w in words)
+            visit(rest, covered | words, count + tokens, prob * p_n)
 
-    for order in itertools.permutations(range(num_words)):
-        visit(order, frozenset(), 0, 1.0 / math.factorial(num_words))
+    for order in itertools.permutations(range(len(word_lengths))):
+        visit(order, frozenset(), 0, 1.0 / math.factorial(len(word_lengths)))
     return outcomes
 
 
@@ -163,17 +172,9 @@ def _albert_rule(word_lengths, order, ngrams, budget):
     for start, n in zip(order, ngrams, strict=True):
         if count >= budget:
             break
-        # ALBERT's slice cand_indexes[idx:idx + n]: cut where the row ends
-        while n > 0 and count + sum(word_lengths[start : start + n]) > budget:
-            n -= 1  # shorten the n-gram while it overflows
-            EVENTS["shortened"] += 1
-        words = set(range(start, min(start + n, len(word_lengths))))
-        EVENTS["cut at the end"] += len(words) < n
-        if n == 0 or words & covered:
-            EVENTS["skipped" if n == 0 else "overlapped"] += 1
-            continue
+        words = _albert_visit(word_lengths, start, n, covered, count, budget, EVENTS)
         covered |= words
-        count += sum(word_lengths[start : start + n])
+        count += sum(word_lengths[w] for w in words)
     return covered
 
 
