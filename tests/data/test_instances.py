@@ -243,6 +243,33 @@ def test_full_sentence_rows_equal_spanbert_block_dataset():
         np.testing.assert_array_equal(a, chunk)
 
 
+def test_full_sentence_rows_drop_over_long_sentences_anywhere():
+    # The module's example, then over-long sentences first, twice in a row and last, and a
+    # document with nothing that fits (no rows). max_seq_length 8: at most 6 tokens a row.
+    docs = [
+        [[10, 11], [12, 13, 14], [15, 16], [17] * 7, [18]],
+        [[20] * 7, [21], [22] * 9, [23] * 7, [24, 25], [26] * 8],
+        [[30] * 7],
+        [[40], [41] * 6, [42] * 3, [43] * 3, [44]],
+    ]
+    got = rows(docs, "full_sentences", max_seq_length=8)
+    want = [
+        [10, 11, 12, 13, 14],
+        [15, 16],
+        [18],
+        [21],
+        [24, 25],
+        [40],
+        [41] * 6,
+        [42] * 3 + [43] * 3,
+        [44],
+    ]
+    assert [r["input_ids"].tolist() for r in got] == [[CLS, *w, SEP] for w in want]
+    for r in got:
+        assert r["token_type_ids"].tolist() == [0] * len(r["input_ids"])
+        assert r["word_starts"].tolist() == [1, *(r["input_ids"][1:-1] % 2), 1]
+
+
 def test_stride_variant_is_fixed_stride_chunking():
     ds = tf.data.Dataset.from_tensors(
         {"targets": tf.range(10, 17), "word_starts": tf.ones([7], tf.int32)}

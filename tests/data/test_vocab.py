@@ -157,6 +157,20 @@ def test_passage_ids_follow_the_loop_on_random_lengths():
         assert fn(tf.constant(lengths), max_tokens=max_tokens).numpy().tolist() == expected
 
 
+def test_reached_from_first_follows_the_links():
+    got = tokenization.reached_from_first(tf.constant([2, 2, 4, 4, 4], tf.int64))
+    assert got.numpy().tolist() == [True, False, True, False]
+    rng = np.random.default_rng(1)
+    for size in [0, 1, 2, 3, 7, 8, 9, 64, 65, 200]:
+        successor = [int(rng.integers(i + 1, min(i + 5, size) + 1)) for i in range(size)]
+        successor.append(size)
+        want, item = [False] * size, 0
+        while item < size:
+            want[item], item = True, successor[item]
+        got = tokenization.reached_from_first(tf.constant(successor, tf.int64))
+        assert got.numpy().tolist() == want, size
+
+
 def test_encoder_chunks():
     dataset = tf.data.Dataset.from_tensors(
         {"targets": tf.constant([10, 11, 12, 13]), "word_starts": tf.constant([1, 0, 1, 1])}

@@ -95,16 +95,20 @@ def encoder_instances(
         raise ValueError(f"max_seq_length={max_seq_length}, expected >= 5")
     if IDS_KEY not in dataset.element_spec:
         raise ValueError(f"missing feature {IDS_KEY!r}; got {sorted(dataset.element_spec)}")
-    build = _electra_rows if variant == "electra" else _full_sentence_rows
+    if variant == "full_sentences":
+        rows = lambda features: _full_sentence_rows(
+            features, max_seq_length=max_seq_length, cls_id=cls_id, sep_id=sep_id
+        )
+        return dataset.map(tf.autograph.experimental.do_not_convert(rows)).unbatch()
     base_seed = tf.constant([seed, 1], tf.int64)
 
     @tf.autograph.experimental.do_not_convert
-    def rows(index, features):
+    def electra_rows(index, features):
         doc_seed = tf.random.experimental.stateless_fold_in(base_seed, index)
-        out = build(features, seed=doc_seed, max_seq_length=max_seq_length)
-        return tf.data.Dataset.from_tensor_slices(_framed(out, cls_id=cls_id, sep_id=sep_id))
+        out = _electra_rows(features, seed=doc_seed, max_seq_length=max_seq_length)
+        return _framed(out, cls_id=cls_id, sep_id=sep_id)
 
-    return dataset.enumerate().flat_map(rows)
+    return dataset.enumerate().map(electra_rows).unbatch()
 
 
 def _document(features) -> tuple[tf.RaggedTensor, tf.RaggedTensor | None]:
@@ -187,45 +191,47 @@ def _electra_rows(features, *, seed: tf.Tensor, max_seq_length: int) -> dict:
     return _segments(ids, starts, first, second)
 
 
-def _full_sentence_rows(features, *, seed: tf.Tensor, max_seq_length: int) -> dict:
-    """One document's SpanBERT doc-mode chunks (no randomness: `seed` is unused)."""
-    del seed
+def _full_sentence_rows(features, *, max_seq_length: int, cls_id: int, sep_id: int) -> mlm.Features:
+    """One document's SpanBERT doc-mode rows, stacked as ragged [N, None].
+
+    A chunk from sentence s takes the sentences after it while their tokens fit (a binary
+    search over the sentence boundaries; a too-long sentence never fits, so it ends the chunk);
+    its successor is the first sentence after it that fits at all, and the chunks are the
+    successors reached from the document's first sentence that fits
+    (`tokenization.reached_from_first`): no loop over sentences or chunks.
+
+    Example (max_seq_length 8, limit 6): sentence lengths [2, 3, 2, 7, 1] -> chunks from
+    sentence 0 (sentences 0-1, 5 tokens: the third would make 7), 2 (sentence 2: the 7-token
+    sentence 3 never fits) and 4 (sentence 4).
+    """
     ids, starts = _document(features)
-    lengths = tf.cast(ids.row_lengths(), tf.int32)
-    limit = max_seq_length - 2
-
-    def step(state, length):
-        chunk, used, _ = state
-        too_long = length > limit
-        new = (used > 0) & (used + length > limit)
-        chunk = tf.where(new, chunk + 1, chunk)
-        # A dropped sentence closes the chunk: the next kept sentence starts a new one.
-        out = tf.where(too_long, -1, chunk)
-        chunk = tf.where(too_long & (used > 0), chunk + 1, chunk)
-        used = tf.where(too_long, 0, tf.where(new, length, used + length))
-        return chunk, used, out
-
-    zero = tf.constant(0)
-    _, _, chunk = tf.scan(step, lengths, initializer=(zero, zero, zero))
-    kept = chunk >= 0
-    chunk = tf.boolean_mask(chunk, kept)
-    # Renumber so that chunk ids are 0..C-1 without gaps.
-    _, chunk = tf.unique(chunk)
-    token_index = tf.ragged.boolean_mask(
-        tf.RaggedTensor.from_row_lengths(
-            tf.range(tf.reduce_sum(lengths)), tf.cast(lengths, tf.int64)
-        ),
-        kept,
+    splits = tf.cast(ids.row_splits, tf.int32)
+    num = tf.shape(splits)[0] - 1
+    # The last sentence of a chunk from each sentence; s - 1 where sentence s alone is too long.
+    last = tf.searchsorted(splits, splits[:-1] + max_seq_length - 2, side="right") - 2
+    fitting = tf.range(num) <= last
+    fits = tf.cast(tf.where(fitting)[:, 0], tf.int32)
+    # The first sentence at or after each index (num included) that fits; num past the last.
+    next_fitting = tf.gather(
+        tf.concat([fits, [num]], 0), tf.searchsorted(fits, tf.range(num + 1), side="left")
     )
-    first = tf.RaggedTensor.from_value_rowids(
-        token_index.flat_values,
-        tf.repeat(chunk, token_index.row_lengths()),
-        nrows=tf.reduce_max(tf.concat([[-1], chunk], 0)) + 1,
+    # A chunk's successor; for a sentence that is too long, the next that fits (only the first
+    # sentence is reached that way, and it starts no chunk).
+    successor = tf.concat([tf.gather(next_fitting, last + 1), [num]], 0)
+    reached = tokenization.reached_from_first(tf.cast(successor, tf.int64))
+    chunk = tf.cast(tf.where(reached & fitting)[:, 0], tf.int32)
+    begin = tf.gather(splits, chunk)
+    empty = tf.zeros_like(chunk)
+    return sentence_pairs._framed(
+        ids.flat_values,
+        None if starts is None else starts.flat_values,
+        first=begin,
+        first_length=tf.gather(splits, tf.gather(last, chunk) + 1) - begin,
+        second=empty,
+        second_length=empty,
+        cls_id=cls_id,
+        sep_id=sep_id,
     )
-    empty = tf.RaggedTensor.from_row_lengths(
-        tf.zeros([0], tf.int32), tf.zeros([first.nrows()], tf.int64)
-    )
-    return _segments(ids, starts, first, empty)
 
 
 def _segments(ids, starts, first, second) -> dict:
