@@ -168,11 +168,42 @@ def test_bad_level_and_missing_phrases_fail_loudly():
         ernie.ernie_inputs(f, level="phrase", cls_id=CLS, sep_id=SEP, max_seq_length=8)
 
 
+@pytest.mark.parametrize("level", ["word", "phrase", "entity"])
+def test_passage_inputs_are_each_examples_ernie_inputs(level):
+    # Batches of 8 over 30 examples (the last batch short), a passed-through feature, rows cut
+    # at the length, and entity runs that a batch's flattening would carry into the next
+    # example's first word.
+    rows = sentences(30, seed=31)
+    rows[3] = ([], [], [])  # an example without words
+    for i in range(5, 30, 2):  # the first word continues the previous example's last tag
+        rows[i][1][0] = rows[i - 1][1][-1] = "ns"
+    features = dataset(rows).enumerate().map(lambda i, f: {**f, "index": i})
+    kwargs = {"level": level, "cls_id": CLS, "sep_id": SEP, "max_seq_length": 24}
+    want = [ernie.ernie_inputs(f, **kwargs) for f in features]
+    got = list(ernie.passage_inputs(features, batch_size=8, **kwargs).as_numpy_iterator())
+    assert len(got) == len(want) == 30
+    for (words, tags, phrase), w, g in zip(rows, want, got, strict=True):
+        assert sorted(g) == sorted(w) == ["index", "input_ids", "unit_starts", "word_starts"]
+        for key in w:
+            np.testing.assert_array_equal(g[key], w[key], key)
+        # The rule read plainly: the example's pieces, cut to 22, between the specials.
+        flat = [t for word in words for t in word]
+        firsts = [int(j == 0) for word in words for j in range(len(word))]
+        unit_firsts = [0] * (len(flat) + 1)
+        for unit in expected_units(words, tags, phrase, level):
+            unit_firsts[unit[0]] = 1
+        assert g["input_ids"].tolist() == [CLS, *flat[:22], SEP]
+        assert g["word_starts"].tolist() == [1, *firsts[:22], 1]
+        assert g["unit_starts"].tolist() == [1, *unit_firsts[1:23], 1]
+    assert got[3]["input_ids"].tolist() == [CLS, SEP]
+    assert sum(len(g["input_ids"]) == 24 for g in got) > 5
+
+
 @pytest.mark.parametrize("level", ["word", "entity"])
 def test_dynamic_masking_of_groups_gives_each_row_its_own_mask(level):
-    """`ernie_dynamic_mlm` builds and draws row by row and masks groups of rows: under the same
-    SeqIO seeds each row is what `mask_ernie` alone makes of it (narrow width: some rows take
-    the fit-or-skip path)."""
+    """`ernie_dynamic_mlm` builds rows in batches, draws row by row and masks groups of rows:
+    under the same SeqIO seeds each row is what `mask_ernie` alone makes of it (narrow width:
+    some rows take the fit-or-skip path)."""
     rows = sentences(75, seed=21)
     narrow = mlm.MlmSpec(mask_id=MASK, vocab_size=5000, special_ids=SPECIALS, max_predictions=4)
     kwargs = {"level": level, "cls_id": CLS, "sep_id": SEP, "max_seq_length": 40}

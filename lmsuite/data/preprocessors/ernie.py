@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from lmsuite.data.preprocessors import mlm, whole_word
+from lmsuite.data.preprocessors import mlm, sentence_pairs, whole_word
 
 LEVELS = ("word", "phrase", "entity")
 UNIT_RATE = 0.15
@@ -42,9 +42,15 @@ UNIT_STARTS_KEY = "unit_starts"
 
 
 def word_unit_starts(
-    features: mlm.Features, *, level: str, entity_tags: Sequence[str] = ENTITY_TAGS
+    features: mlm.Features,
+    *,
+    level: str,
+    entity_tags: Sequence[str] = ENTITY_TAGS,
+    passage_starts: tf.Tensor | None = None,
 ) -> tf.Tensor:
-    """Int32 [W]: 1 where a masking unit begins, per word.
+    """Int32 [W]: 1 where a masking unit begins, per word. With `passage_starts` (bool [W]),
+    the words are those of several passages one after the other: an entity never continues
+    into a passage's first word.
 
     Example (level "entity"): word_tags ["nr", "nr", "v", "ns"] -> [1, 0, 1, 1]
     (the two `nr` words form one person name).
@@ -61,7 +67,12 @@ def word_unit_starts(
     is_entity = tf.reduce_any(tags[:, None] == tf.constant(list(entity_tags))[None, :], axis=1)
     previous = tf.concat([[""], tags[:-1]], 0)
     continues = is_entity & (tags == previous)
+    if passage_starts is not None:
+        continues &= ~passage_starts
     return 1 - tf.cast(continues, tf.int32)
+
+
+_WORD_FEATURES = ("word_ids", "word_tags", "phrase_starts")
 
 
 def ernie_inputs(
@@ -75,35 +86,87 @@ def ernie_inputs(
 ) -> mlm.Features:
     """Flattens words into `[CLS] tokens [SEP]` with `word_starts` and `unit_starts`.
 
-    Tokens past `max_seq_length - 2` are dropped (a unit cut there is still one unit).
+    Tokens past `max_seq_length - 2` are dropped (a unit cut there is still one unit). Other
+    features pass through. One example is a batch of one of `batched_inputs`.
 
     Example (level "entity", cls 2, sep 3): word_ids [[10, 11], [12], [13, 14]],
     word_tags ["nr", "nr", "v"] -> input_ids [2, 10, 11, 12, 13, 14, 3],
     word_starts [1, 1, 0, 1, 1, 0, 1], unit_starts [1, 1, 0, 0, 1, 0, 1].
     """
     mlm.require_features(features, ["word_ids", "word_tags"], where="ernie_inputs")
-    if max_seq_length < 3:
-        raise ValueError(f"max_seq_length={max_seq_length}, expected >= 3")
     words = features["word_ids"]
     if not isinstance(words, tf.RaggedTensor):
         raise ValueError(f"word_ids must be ragged [W, None], got {words!r}")
-    words = tf.cast(words, tf.int32)
-    unit_per_word = word_unit_starts(features, level=level, entity_tags=entity_tags)
+    one = {"word_ids": tf.RaggedTensor.from_row_lengths(words, tf.reshape(words.nrows(), [1]))}
+    for key in _WORD_FEATURES[1:]:
+        if key in features:
+            one[key] = tf.RaggedTensor.from_tensor(features[key][None])
+    inputs = batched_inputs(
+        one,
+        level=level,
+        cls_id=cls_id,
+        sep_id=sep_id,
+        max_seq_length=max_seq_length,
+        entity_tags=entity_tags,
+    )
+    out = {k: v for k, v in features.items() if k not in _WORD_FEATURES}
+    return {**out, **{k: v[0] for k, v in inputs.items()}}
+
+
+def batched_inputs(
+    batch: mlm.Features,
+    *,
+    level: str,
+    cls_id: int,
+    sep_id: int,
+    max_seq_length: int,
+    entity_tags: Sequence[str] = ENTITY_TAGS,
+) -> mlm.Features:
+    """`ernie_inputs` of a batch of examples (`word_ids` ragged [B, (W), (T)], `word_tags` and
+    `phrase_starts` ragged [B, (W)], as `ragged_batch` gives them): `input_ids`,
+    `word_starts` and `unit_starts`, ragged [B, None]. Other features pass through.
+
+    The words of the batch are flattened once, an entity run never continuing into an
+    example's first word; each example's tokens are then cut and framed on flat positions
+    (`sentence_pairs._framed`).
+    """
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length={max_seq_length}, expected >= 3")
+    words = tf.cast(batch["word_ids"], tf.int32).values  # [words of the batch, (T)]
+    first_word = tf.ragged.range(batch["word_tags"].row_lengths()).flat_values == 0
+    flat_words = {k: batch[k].flat_values for k in _WORD_FEATURES[1:] if k in batch}
+    unit_per_word = word_unit_starts(
+        flat_words, level=level, entity_tags=entity_tags, passage_starts=first_word
+    )
     is_first = tf.ragged.range(words.row_lengths()) == 0
-    tokens = words.flat_values
-    word_start = tf.cast(is_first.flat_values, tf.int32)
-    unit_start = tf.cast(is_first, tf.int32) * unit_per_word[:, None]
-    keep = max_seq_length - 2
-    column = tf.ones([1], tf.int32)
+    # Tokens of each example: its words' pieces, cut to what fits between the specials.
+    token_splits = tf.cast(tf.gather(words.row_splits, batch["word_ids"].row_splits), tf.int32)
+    begin = token_splits[:-1]
+    empty = tf.zeros_like(begin)
+    unit_starts = tf.cast(is_first, tf.int32) * unit_per_word[:, None]
+    framed = sentence_pairs._framed(
+        words.flat_values,
+        tf.cast(is_first.flat_values, tf.int32),
+        first=begin,
+        first_length=tf.minimum(token_splits[1:] - begin, max_seq_length - 2),
+        second=empty,
+        second_length=empty,
+        cls_id=cls_id,
+        sep_id=sep_id,
+        flags={UNIT_STARTS_KEY: unit_starts.flat_values},
+    )
+    del framed["token_type_ids"]
+    return {**{k: v for k, v in batch.items() if k not in _WORD_FEATURES}, **framed}
 
-    def wrap(values, left, right):
-        return tf.concat([left * column, values[:keep], right * column], 0)
 
-    out = {k: v for k, v in features.items() if k not in ("word_ids", "word_tags", "phrase_starts")}
-    out["input_ids"] = wrap(tokens, cls_id, sep_id)
-    out["word_starts"] = wrap(word_start, 1, 1)
-    out[UNIT_STARTS_KEY] = wrap(unit_start.flat_values, 1, 1)
-    return out
+def passage_inputs(dataset: tf.data.Dataset, *, batch_size: int = 64, **kwargs) -> tf.data.Dataset:
+    """`ernie_inputs` on each example (kwargs as there), `batch_size` examples per call
+    (`batched_inputs`): the same rows. Flattening one example's words is a few dozen small ops
+    (string tags included), most of an ERNIE row's input CPU when run row by row."""
+    mlm.require_features(dataset.element_spec, ["word_ids", "word_tags"], where="passage_inputs")
+    batches = dataset.ragged_batch(batch_size)
+    fn = tf.autograph.experimental.do_not_convert(lambda b: batched_inputs(b, **kwargs))
+    return batches.map(fn).unbatch()
 
 
 def unit_draws(shape: tf.Tensor, *, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -247,17 +310,14 @@ def mask_ernie(
     return mask_units(inputs, seed=seed, spec=spec)
 
 
-def _inputs_and_draws(features, *, seed, spec, **kwargs):
-    return unit_mask_draws(ernie_inputs(features, **kwargs), seed=seed, spec=spec)
-
-
 def ernie_dynamic_mlm(dataset: tf.data.Dataset, *, spec: mlm.MlmSpec, **kwargs) -> tf.data.Dataset:
     """ERNIE masking with a fresh mask each time an example is seen; kwargs as `mask_ernie`.
-    Each example builds its row and draws under its own seed; groups of rows are then masked
-    at once (`mlm.grouped_dynamic_masking`): `mask_ernie`'s masks."""
+    Examples build their rows in batches (`passage_inputs`), each row draws under its own
+    seed, and groups of rows are masked at once (`mlm.grouped_dynamic_masking`): `mask_ernie`'s
+    masks."""
     return mlm.grouped_dynamic_masking(
-        dataset,
-        draw_fn=functools.partial(_inputs_and_draws, spec=spec, **kwargs),
+        passage_inputs(dataset, **kwargs),
+        draw_fn=functools.partial(unit_mask_draws, spec=spec),
         mask_fn=functools.partial(mask_drawn_units, spec=spec),
     )
 

@@ -43,6 +43,8 @@ Skipped chunks (plus documents without any sentence) are counted: `instances_per
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import mlm
@@ -266,12 +268,14 @@ def _framed(
     second_length: tf.Tensor,
     cls_id: int,
     sep_id: int,
+    flags: Mapping[str, tf.Tensor] | None = None,
 ) -> mlm.Features:
     """Rows `[CLS] tokens[first:][:first_length] [SEP] tokens[second:][:second_length] [SEP]`.
 
     A row with an empty second segment ends at the first [SEP] ("mlm"'s lone A).
-    `token_type_ids` are 0 up to the first [SEP] and 1 after; `word_starts` (when given) follow
-    the tokens, 1 on the specials. Built on the flat positions of all rows at once: one row
+    `token_type_ids` are 0 up to the first [SEP] and 1 after; `word_starts` (when given) and
+    the `flags` (more per-token features by name, such as ERNIE's unit starts) follow the
+    tokens, 1 on the specials. Built on the flat positions of all rows at once: one row
     partition, no ragged concatenation.
 
     Example (cls 2, sep 3): tokens [10, 11, 12, 13, 14], first [0, 4], first_length [2, 1],
@@ -285,21 +289,23 @@ def _framed(
     in_first = (offset >= 1) & (offset <= tf.gather(first_length, row))
     in_second = (into_second >= 0) & (into_second < tf.gather(second_length, row))
     in_segment = in_first | in_second
+    # A special reads one more value past the tokens (there may be no tokens at all).
     source = tf.where(
         in_first,
         tf.gather(first, row) + offset - 1,
-        tf.where(in_second, tf.gather(second, row) + into_second, 0),
+        tf.where(in_second, tf.gather(second, row) + into_second, tf.size(tokens)),
     )
+    specials = tf.where(offset == 0, cls_id, sep_id)
+    read = lambda values, past: tf.gather(tf.concat([tf.cast(values, tf.int32), [past]], 0), source)
     out = {
-        "input_ids": tf.where(
-            in_segment, tf.gather(tokens, source), tf.where(offset == 0, cls_id, sep_id)
-        ),
+        "input_ids": tf.where(in_segment, read(tokens, 0), specials),
         "token_type_ids": tf.cast(into_second >= 0, tf.int32),
     }
+    flags = dict(flags or {})
     if word_starts is not None:
-        out["word_starts"] = tf.where(
-            in_segment, tf.gather(tf.cast(word_starts, tf.int32), source), 1
-        )
+        flags["word_starts"] = word_starts
+    for key, values in flags.items():
+        out[key] = read(values, 1)
     return {key: positions.with_flat_values(values) for key, values in out.items()}
 
 
