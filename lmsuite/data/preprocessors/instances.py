@@ -198,7 +198,8 @@ def _full_sentence_rows(features, *, max_seq_length: int, cls_id: int, sep_id: i
     search over the sentence boundaries; a too-long sentence never fits, so it ends the chunk);
     its successor is the first sentence after it that fits at all, and the chunks are the
     successors reached from the document's first sentence that fits
-    (`tokenization.reached_from_first`): no loop over sentences or chunks.
+    (`tokenization.reached_from_first`, log2 of the sentence count loop turns): no turn per
+    sentence or per chunk.
 
     Example (max_seq_length 8, limit 6): sentence lengths [2, 3, 2, 7, 1] -> chunks from
     sentence 0 (sentences 0-1, 5 tokens: the third would make 7), 2 (sentence 2: the 7-token
