@@ -453,8 +453,9 @@ def uni_lm(scale) -> list[Row]:
     masks = sum(int((ids[pos] == MASK).sum()) for _, ids, pos in out)
     # The unit sampler alone, as tests/data/test_unilm.py reads it: one long draw, its last
     # unit (trimmed to the budget) left out.
-    units = unilm._sample_units(budget=tf.constant(3 * MIN_POOL // 2), seed=tf.constant([0, 2]))
-    units = units.numpy()[:-1]
+    units = unilm.sample_units(rows=1, budget=3 * MIN_POOL // 2, seed=tf.constant([0, 2]))
+    units = units.numpy()[0]
+    units = units[units > 0][:-1]
     src = "Dong et al. 2019 (UniLM) sec. 2.3 / microsoft/unilm unilm-v1"
     names = ("bidirectional", "left-to-right", "right-to-left", "seq2seq")
     modes_src = f"{src}: 1/3, 1/6, 1/6, 1/3"
@@ -469,7 +470,7 @@ def uni_lm(scale) -> list[Row]:
             ],
         ),
         *shares(
-            "unilm._sample_units",
+            "unilm.sample_units",
             [(f"{m}-gram units", int((units == m).sum()), len(units), p, ngram_src)
              for m, p in zip([1, 2, 3], unilm.NGRAM_PROBABILITIES, strict=True)],
         ),

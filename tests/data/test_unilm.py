@@ -1,5 +1,7 @@
 """Oracle tests for UniLM mode sampling, masking and attention masks."""
 
+import collections
+import itertools
 import math
 
 import numpy as np
@@ -84,13 +86,43 @@ def test_modes_layout_and_masking():
 
 
 def test_units_are_80_percent_unigrams_10_bigrams_10_trigrams():
-    sample = tf.function(unilm._sample_units)
+    drawn = unilm.sample_units(rows=300, budget=40, seed=tf.constant([0, 2])).numpy()
     units = []
-    for i in range(300):
-        drawn = sample(budget=tf.constant(40), seed=tf.constant([i, 2])).numpy()
-        assert drawn.sum() == 40
-        units.extend(drawn[:-1].tolist())  # the last unit is trimmed to the budget
+    for row in drawn:
+        kept = row[row > 0]
+        assert kept.sum() == 40 and (row[len(kept) :] == 0).all()
+        units.extend(kept[:-1].tolist())  # the last unit is trimmed to the budget
     counts = np.bincount(units, minlength=4)[1:]
     total = counts.sum()
     for count, p in zip(counts, unilm.NGRAM_PROBABILITIES, strict=True):
         assert abs(count - total * p) < 5 * math.sqrt(total * p * (1 - p))
+
+
+def _layouts(n, units):
+    """Every placement of `units` (in order, without overlap) in n positions, as bool tuples."""
+    slots = n - sum(units) + len(units)
+    layouts = []
+    for chosen in itertools.combinations(range(slots), len(units)):
+        mask, unit = [], iter(units)
+        for slot in range(slots):
+            width = next(unit) if slot in chosen else 1
+            mask += [slot in chosen] * width
+        layouts.append(tuple(mask))
+    return layouts
+
+
+def test_place_units_gives_every_layout_equal_chance_in_each_row():
+    # Rows of one call hold different units: [2, 1] has C(5, 2) = 10 layouts in 6 positions,
+    # [1, 1, 1] C(6, 3) = 20, and [3, 0, 0] (zeros after the last unit) 4.
+    shapes = {0: [2, 1, 0], 1: [1, 1, 1], 2: [3, 0, 0]}
+    rows = 9000
+    units = np.array([shapes[i % 3] for i in range(rows)], np.int32)
+    got = unilm.place_units(n=6, units=tf.constant(units), seed=tf.constant([3, 4])).numpy()
+    # Chi-square critical values at p = 0.001 for 9, 19 and 3 degrees of freedom.
+    for kind, critical in ((0, 27.88), (1, 43.82), (2, 16.27)):
+        want = _layouts(6, [u for u in shapes[kind] if u])
+        counts = collections.Counter(tuple(row) for row in got[kind::3])
+        assert set(counts) <= set(want), set(counts) - set(want)
+        expected = (rows // 3) / len(want)
+        chi = sum((counts[layout] - expected) ** 2 / expected for layout in want)
+        assert chi < critical, (kind, chi, counts)

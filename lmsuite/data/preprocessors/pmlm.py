@@ -86,19 +86,20 @@ def default_predictions(length: int) -> int:
     raise ValueError(f"input_ids length {length} leaves no room for a PMLM chunk")
 
 
-def _sample_blocks(*, budget, n, seed):
-    """Block lengths in draw order, drawn until their sum reaches `budget` (the last trimmed
-    only to keep the sum <= n)."""
+def sample_blocks(*, rows, budget, n, seed):
+    """Int32 [rows, budget]: each row's block lengths in draw order, drawn until their sum
+    reaches `budget` (the last trimmed only to keep the sum <= n), zeros after.
+
+    Example (budget 3, n 20): draws [1, 4, 1] -> [1, 4, 0].
+    """
     draw_seeds = tf.random.experimental.stateless_split(seed, 2)
-    is_span = tf.random.stateless_uniform([budget], draw_seeds[0]) < SPAN_RATE
+    is_span = tf.random.stateless_uniform([rows, budget], draw_seeds[0]) < SPAN_RATE
     span = tf.random.stateless_uniform(
-        [budget], draw_seeds[1], minval=MIN_SPAN, maxval=MAX_SPAN + 1, dtype=tf.int32
+        [rows, budget], draw_seeds[1], minval=MIN_SPAN, maxval=MAX_SPAN + 1, dtype=tf.int32
     )
     draws = tf.where(is_span, span, 1)
-    num_blocks = tf.reduce_min(tf.where(tf.cumsum(draws) >= budget)) + 1
-    blocks = draws[:num_blocks]
-    before = tf.reduce_sum(blocks[:-1])
-    return tf.concat([blocks[:-1], [tf.minimum(blocks[-1], n - before)]], axis=0)
+    before = tf.cumsum(draws, axis=1, exclusive=True)
+    return tf.where(before < budget, tf.minimum(draws, n - before), 0)
 
 
 def _replacements(originals, *, seed, spec: mlm.MlmSpec, pseudo_id: int, replace_main: bool):
@@ -120,66 +121,93 @@ def _replacements(originals, *, seed, spec: mlm.MlmSpec, pseudo_id: int, replace
     return (corrupted if replace_main else mask), pseudo
 
 
-def pmlm_example(
+def pmlm_rows(
     tokens, *, seed, cls_id, sep_id, pseudo_id, spec: mlm.MlmSpec, replace_main: bool = False
 ):
-    """PMLM features for one chunk of >= 1 token ids (see `pmlm` for the example); `spec`
-    gives [M] (`mask_id`), the width `max_predictions` and the replacement fractions."""
+    """PMLM features for chunks `tokens` [R, n] (n >= 1; see `pmlm` for the example): the
+    per-token features ragged [R, None], the per-prediction ones [R, P]. `spec` gives [M]
+    (`mask_id`), the width P `max_predictions` and the replacement fractions. The rows draw
+    from the one `seed`, each its own numbers."""
     max_predictions = spec.max_predictions
     seeds = tf.random.experimental.stateless_split(seed, 4)
-    n = tf.size(tokens)
+    rows, n = tf.shape(tokens)[0], tf.shape(tokens)[1]
     budget = tf.cast(tf.math.ceil(MASK_RATE * tf.cast(n, tf.float32) - 1e-4), tf.int32)
     budget = tf.clip_by_value(budget, 1, n)
-    blocks = _sample_blocks(budget=budget, n=n, seed=seeds[0])
-    masked = tf.reduce_sum(blocks)
-    num_blocks = tf.size(blocks)
-    # place_units lays the blocks out left to right in draw order: masked chunk positions in
-    # increasing order belong to blocks 0, 0, ..., 1, ... (their lengths `blocks`).
-    chosen = place_units(n=n, units=blocks, seed=seeds[1])
-    chunk_positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)
-    block_of = tf.repeat(tf.range(num_blocks), blocks)
-
-    order = tf.argsort(tf.random.stateless_uniform([num_blocks], seeds[2]))  # step -> block
-    step_of_block = tf.math.invert_permutation(order)
-    step = tf.gather(step_of_block, block_of)
-    by_step = tf.argsort(step * n + chunk_positions)  # stable: within a block, left to right
-    step = tf.gather(step, by_step)
-    positions = 1 + tf.gather(chunk_positions, by_step)  # in [CLS] chunk [SEP]
-    originals = tf.gather(tokens, positions - 1)
-    step_lengths = tf.gather(blocks, order)
-    step_starts = tf.cumsum(step_lengths, exclusive=True)
-    offset = tf.range(masked) - tf.gather(step_starts, step)
-    pseudo_slot = 2 * tf.gather(step_starts, step) + offset
-    copy_slot = pseudo_slot + tf.gather(step_lengths, step)
-
-    def appended(pseudo_values, copy_values):
-        slots = tf.concat([pseudo_slot, copy_slot], axis=0)[:, None]
-        return tf.scatter_nd(slots, tf.concat([pseudo_values, copy_values], 0), [2 * masked])
-
-    main_length = n + 2
-    main = tf.concat([[cls_id], tokens, [sep_id]], axis=0)
-    ones = tf.ones([masked], tf.int32)
-    zeros = tf.zeros([main_length], tf.int32)
+    blocks = sample_blocks(rows=rows, budget=budget, n=n, seed=seeds[0])  # [R, B]
+    masked = tf.reduce_sum(blocks, axis=1)
+    num_blocks = tf.reduce_sum(tf.cast(blocks > 0, tf.int32), axis=1)
     checks = [
         tf.debugging.assert_less_equal(
             masked, max_predictions, message="PMLM: more masked tokens than max_predictions"
         )
     ]
+    # place_units lays the blocks out left to right in draw order: the k-th masked chunk
+    # position of a row belongs to the block whose cumulative length first exceeds k.
+    chosen = place_units(n=n, units=blocks, seed=seeds[1])  # [R, n]
+    rank = tf.cumsum(tf.cast(chosen, tf.int32), axis=1, exclusive=True)
+    block_of = tf.searchsorted(tf.cumsum(blocks, axis=1), rank, side="right")
+
+    # The factorization order, a uniform permutation of each row's blocks: step -> block.
+    block = tf.range(tf.shape(blocks)[1])[None, :]
+    keys = tf.random.stateless_uniform(tf.shape(blocks), seeds[2])
+    order = tf.argsort(tf.where(block < num_blocks[:, None], keys, 2.0), axis=1)
+    step_of_block = tf.argsort(order, axis=1)
+    step = tf.gather(step_of_block, tf.minimum(block_of, tf.shape(blocks)[1] - 1), batch_dims=1)
+    # Masked chunk positions by step, left to right within a block; the unmasked after them.
+    key = tf.where(chosen, step * n, tf.shape(blocks)[1] * n) + tf.range(n)[None, :]
     with tf.control_dependencies(checks):
-        pad = max_predictions - masked
+        by_step = tf.RaggedTensor.from_tensor(tf.argsort(key, axis=1), lengths=masked)
+    row = tf.cast(by_step.value_rowids(), tf.int32)
+    chunk_positions = by_step.flat_values  # flat over the rows' masked tokens
+    step = tf.gather_nd(step, tf.stack([row, chunk_positions], 1))
+    positions = 1 + chunk_positions  # in [CLS] chunk [SEP]
+    originals = tf.gather_nd(tokens, tf.stack([row, chunk_positions], 1))
+    step_lengths = tf.gather(blocks, order, batch_dims=1)
+    step_starts = tf.cumsum(step_lengths, axis=1, exclusive=True)
+    at_step = tf.stack([row, step], 1)
+    start = tf.gather_nd(step_starts, at_step)  # masked tokens of the row's earlier steps
+    index = tf.range(tf.size(row)) - tf.gather(tf.cast(by_step.row_starts(), tf.int32), row)
+    # The steps before take 2 x `start` appended slots; this token is `index - start` into its
+    # block, whose [P]s come first.
+    pseudo_slot = start + index
+    copy_slot = pseudo_slot + tf.gather_nd(step_lengths, at_step)
+
+    main_length = n + 2
+    appended_lengths = 2 * masked
+
+    def row_of(main, pseudo_values, copy_values):
+        """[R, None]: `main` [R, n + 2], then each row's [P] and copied slots."""
+        slots = tf.concat([pseudo_slot, copy_slot], 0)
+        indices = tf.stack([tf.concat([row, row], 0), slots], 1)
+        values = tf.concat([pseudo_values, copy_values], 0)
+        appended = tf.scatter_nd(indices, tf.cast(values, tf.int32), [rows, 2 * max_predictions])
+        appended = tf.RaggedTensor.from_tensor(appended, lengths=appended_lengths)
+        return tf.concat([tf.RaggedTensor.from_tensor(main), appended], axis=1)
+
+    main = tf.concat([tf.fill([rows, 1], cls_id), tokens, tf.fill([rows, 1], sep_id)], axis=1)
     main_values, pseudo_values = _replacements(
         originals, seed=seeds[3], spec=spec, pseudo_id=pseudo_id, replace_main=replace_main
     )
-    main = tf.tensor_scatter_nd_update(main, positions[:, None], main_values)
+    main = tf.tensor_scatter_nd_update(main, tf.stack([row, positions], 1), main_values)
+    ones = tf.ones_like(row)
+    zeros = tf.zeros([rows, main_length], tf.int32)
+
+    def predictions(values, dtype=tf.int32):
+        return by_step.with_flat_values(tf.cast(values, dtype)).to_tensor(
+            shape=[rows, max_predictions]
+        )
+
     return {
-        "input_ids": tf.concat([main, appended(pseudo_values, originals)], 0),
-        "position_ids": tf.concat([tf.range(main_length), appended(positions, positions)], 0),
-        "pmlm_step": tf.concat([zeros, appended(step + 1, step + 1)], 0),
-        "pmlm_pseudo": tf.concat([zeros, appended(ones, 0 * ones)], 0),
-        "masked_positions": tf.pad(positions, [[0, pad]]),
-        "masked_ids": tf.pad(originals, [[0, pad]]),
-        "masked_weights": tf.pad(tf.ones([masked], tf.float32), [[0, pad]]),
-        PSEUDO_POSITIONS: tf.pad(main_length + pseudo_slot, [[0, pad]]),
+        "input_ids": row_of(main, pseudo_values, originals),
+        "position_ids": row_of(
+            tf.tile(tf.range(main_length)[None, :], [rows, 1]), positions, positions
+        ),
+        "pmlm_step": row_of(zeros, step + 1, step + 1),
+        "pmlm_pseudo": row_of(zeros, ones, 0 * ones),
+        "masked_positions": predictions(positions),
+        "masked_ids": predictions(originals),
+        "masked_weights": predictions(ones, tf.float32),
+        PSEUDO_POSITIONS: predictions(main_length + pseudo_slot),
     }
 
 
@@ -240,9 +268,10 @@ def pmlm(
     )
     batches = lm.chunk_stream_batches(dataset, chunk_length=n, min_chunk_length=1)
 
+    # One seed per batch of chunks: the rows are built together and then flattened.
     @seqio.map_over_dataset(num_seeds=1)
     def make(tokens, seed):
-        return pmlm_example(
+        return pmlm_rows(
             tokens,
             seed=seed,
             cls_id=cls_id,
@@ -252,4 +281,4 @@ def pmlm(
             replace_main=replace_main,
         )
 
-    return make(batches.unbatch())
+    return make(batches).unbatch()

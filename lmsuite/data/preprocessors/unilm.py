@@ -29,7 +29,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from lmsuite.data.preprocessors import lm
+from lmsuite.data.preprocessors import lm, sentence_pairs
 
 BIDIRECTIONAL, LEFT_TO_RIGHT, RIGHT_TO_LEFT, SEQ2SEQ = 0, 1, 2, 3
 MODE_PROBABILITIES = (1 / 3, 1 / 6, 1 / 6, 1 / 3)
@@ -64,35 +64,47 @@ def unilm_attention_mask(*, mode, length, source_length=0):
     return tf.gather(masks, mode)
 
 
-def _sample_units(*, budget, seed):
-    """Unit lengths (1, 2 or 3) summing to `budget`, the last one trimmed."""
+def sample_units(*, rows, budget, seed):
+    """Int32 [rows, budget]: each row's unit lengths (1, 2 or 3 by `NGRAM_PROBABILITIES`) in
+    draw order, drawn until they reach `budget`, the last one trimmed to it, zeros after.
+
+    Example (budget 5): draws [3, 1, 3, 2, 1] -> [3, 1, 1, 0, 0].
+    """
     logits = tf.math.log([NGRAM_PROBABILITIES])
-    draws = tf.random.stateless_categorical(logits, budget, seed, dtype=tf.int32)[0] + 1
-    ends = tf.cumsum(draws)
-    num_units = tf.reduce_min(tf.where(ends >= budget)) + 1
-    units = draws[:num_units]
-    return tf.concat([units[:-1], [budget - tf.reduce_sum(units[:-1])]], axis=0)
+    draws = tf.random.stateless_categorical(logits, rows * budget, seed, dtype=tf.int32) + 1
+    draws = tf.reshape(draws, [rows, budget])
+    before = tf.cumsum(draws, axis=1, exclusive=True)
+    return tf.where(before < budget, tf.minimum(draws, budget - before), 0)
 
 
 def place_units(*, n, units, seed):
-    """Bool [n]: `units` (lengths) placed without overlap uniformly among n positions."""
-    budget = tf.reduce_sum(units)
-    num_units = tf.size(units)
-    num_slots = n - budget + num_units
-    _, unit_slots = tf.math.top_k(tf.random.stateless_uniform([num_slots], seed), k=num_units)
-    is_unit = tf.scatter_nd(
-        tf.sort(unit_slots)[:, None], tf.ones([num_units], tf.bool), [num_slots]
-    )
-    unit_index = tf.maximum(tf.cumsum(tf.cast(is_unit, tf.int32)) - 1, 0)
-    width = tf.where(is_unit, tf.gather(units, unit_index), 1)
-    first = tf.cumsum(width, exclusive=True)
-    masked = tf.ragged.range(
-        tf.boolean_mask(first, is_unit), tf.boolean_mask(first + width, is_unit)
-    )
-    return tf.scatter_nd(masked.flat_values[:, None], tf.ones([budget], tf.bool), [n])
+    """Bool [rows, n]: each row's `units` (lengths [rows, U], zeros after its last) placed
+    without overlap, every layout that keeps their order equally likely.
+
+    A row with u units covering b positions has n - b + u slots: its u units and n - b single
+    unmasked positions. The units take u of the slots chosen uniformly (the slots with the u
+    largest uniforms), in order.
+
+    Example (n 5, units [[2, 1]]): 4 slots; units in slots 0 and 2 -> [T T F T F].
+    """
+    rows = tf.shape(units)[0]
+    num_units = tf.reduce_sum(tf.cast(units > 0, tf.int32), axis=1)
+    num_slots = n - tf.reduce_sum(units, axis=1) + num_units
+    slot = tf.range(n)[None, :]
+    valid = slot < num_slots[:, None]
+    draws = tf.random.stateless_uniform([rows, n], seed)
+    # Rank 0 for the largest uniform; slots past a row's last come after all of its slots.
+    rank = tf.argsort(tf.argsort(tf.where(valid, -draws, 2.0), axis=1), axis=1)
+    is_unit = rank < num_units[:, None]
+    unit_index = tf.maximum(tf.cumsum(tf.cast(is_unit, tf.int32), axis=1) - 1, 0)
+    width = tf.where(is_unit, tf.gather(units, unit_index, batch_dims=1), 1)
+    ends = tf.cumsum(tf.where(valid, width, 0), axis=1)
+    # Position p lies in the first slot ending after it.
+    slot_of = tf.searchsorted(ends, tf.tile(slot, [rows, 1]), side="right")
+    return tf.gather(is_unit, slot_of, batch_dims=1)
 
 
-def unilm_example(
+def unilm_rows(
     tokens,
     *,
     seed,
@@ -104,52 +116,67 @@ def unilm_example(
     mode_probabilities=MODE_PROBABILITIES,
     mask_rate=0.15,
 ):
-    """UniLM features for one chunk of >= 2 token ids (see `unilm` for the example)."""
+    """UniLM features for chunks `tokens` [R, n] (n >= 2; see `unilm` for the example): the
+    1-D features are ragged [R, None], the others [R, max_predictions] and [R]. The rows draw
+    from the one `seed`, each its own numbers."""
     seeds = tf.random.experimental.stateless_split(seed, 6)
-    n = tf.size(tokens)
+    rows, n = tf.shape(tokens)[0], tf.shape(tokens)[1]
     mode = tf.random.stateless_categorical(
-        tf.math.log([list(mode_probabilities)]), 1, seeds[0], dtype=tf.int32
-    )[0, 0]
-    pair = tf.logical_or(tf.equal(mode, BIDIRECTIONAL), tf.equal(mode, SEQ2SEQ))
-    split = tf.random.stateless_uniform([], seeds[1], minval=1, maxval=n, dtype=tf.int32)
+        tf.math.log([list(mode_probabilities)]), rows, seeds[0], dtype=tf.int32
+    )[0]
+    pair = (mode == BIDIRECTIONAL) | (mode == SEQ2SEQ)
+    split = tf.random.stateless_uniform([rows], seeds[1], minval=1, maxval=n, dtype=tf.int32)
     split = tf.where(pair, split, n)
-    cls, sep = tf.constant([cls_id], tokens.dtype), tf.constant([sep_id], tokens.dtype)
-    middle = tf.cond(pair, lambda: sep, lambda: sep[:0])
-    ids = tf.concat([cls, tokens[:split], middle, tokens[split:], sep], axis=0)
-    source_length = tf.where(pair, split + 2, 0)
-    in_second = tf.range(tf.size(ids)) >= tf.where(pair, split + 2, tf.size(ids))
+    framed = sentence_pairs._framed(
+        tf.reshape(tokens, [-1]),
+        None,
+        first=tf.range(rows) * n,
+        first_length=split,
+        second=tf.range(rows) * n + split,
+        second_length=n - split,
+        cls_id=cls_id,
+        sep_id=sep_id,
+    )
+    ids = framed["input_ids"]
     mode_types = tf.gather(tf.constant(MODE_TOKEN_TYPES, tf.int32), mode)
-    types = tf.where(in_second, mode_types[1], mode_types[0])
+    types = framed["token_type_ids"]
+    types = types.with_flat_values(
+        tf.gather(
+            tf.reshape(mode_types, [-1]),
+            2 * tf.cast(types.value_rowids(), tf.int32) + types.flat_values,
+        )
+    )
 
     budget = tf.cast(tf.round(mask_rate * tf.cast(n, tf.float32)), tf.int32)
     budget = tf.clip_by_value(budget, 1, max_predictions)
-    chosen = place_units(n=n, units=_sample_units(budget=budget, seed=seeds[2]), seed=seeds[3])
-    chunk_positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)
-    # Chunk position p sits at 1 + p in `ids`, one further once past the middle [SEP].
-    positions = (
-        1 + chunk_positions + tf.cast(tf.logical_and(pair, chunk_positions >= split), tf.int32)
-    )
-    originals = tf.gather(ids, positions)
-    draw = tf.random.stateless_uniform([budget], seeds[4])
+    units = sample_units(rows=rows, budget=budget, seed=seeds[2])
+    chosen = place_units(n=n, units=units, seed=seeds[3])
+    # Every row has exactly `budget` chosen positions, listed in increasing order.
+    chunk_positions = tf.reshape(tf.cast(tf.where(chosen)[:, 1], tf.int32), [rows, budget])
+    # Chunk position p sits at 1 + p in a row, one further once past the middle [SEP].
+    positions = 1 + chunk_positions + tf.cast(chunk_positions >= split[:, None], tf.int32)
+    originals = tf.gather(tokens, chunk_positions, batch_dims=1)
+    draw = tf.random.stateless_uniform([rows, budget], seeds[4])
     pick = tf.random.stateless_uniform(
-        [budget], seeds[5], maxval=tf.size(replacement_ids), dtype=tf.int32
+        [rows, budget], seeds[5], maxval=tf.size(replacement_ids), dtype=tf.int32
     )
-    replaced = tf.where(draw < 0.8, tf.cast(mask_id, ids.dtype), originals)
-    replaced = tf.where(
-        tf.logical_and(draw >= 0.8, draw < 0.9),
-        tf.cast(tf.gather(replacement_ids, pick), ids.dtype),
-        replaced,
+    replaced = tf.where(draw < 0.8, mask_id, originals)
+    replaced = tf.where((draw >= 0.8) & (draw < 0.9), tf.gather(replacement_ids, pick), replaced)
+    flat = positions + tf.cast(ids.row_starts(), tf.int32)[:, None]
+    ids = ids.with_flat_values(
+        tf.tensor_scatter_nd_update(
+            ids.flat_values, tf.reshape(flat, [-1, 1]), tf.reshape(replaced, [-1])
+        )
     )
-    ids = tf.tensor_scatter_nd_update(ids, positions[:, None], replaced)
-    pad = max_predictions - budget
+    pad = [[0, 0], [0, max_predictions - budget]]
     return {
         "input_ids": ids,
         "token_type_ids": types,
-        "masked_positions": tf.pad(positions, [[0, pad]]),
-        "masked_ids": tf.pad(originals, [[0, pad]]),
-        "masked_weights": tf.pad(tf.ones([budget], tf.float32), [[0, pad]]),
+        "masked_positions": tf.pad(positions, pad),
+        "masked_ids": tf.pad(originals, pad),
+        "masked_weights": tf.pad(tf.ones([rows, budget], tf.float32), pad),
         "unilm_mode": mode,
-        "source_length": source_length,
+        "source_length": tf.where(pair, split + 2, 0),
     }
 
 
@@ -193,9 +220,10 @@ def unilm(
     replacement_ids = tf.constant(replacement_ids, tf.int32)
     batches = lm.chunk_stream_batches(dataset, chunk_length=length - 3, min_chunk_length=2)
 
+    # One seed per batch of chunks: the rows are built together and then flattened.
     @seqio.map_over_dataset(num_seeds=1)
     def make(tokens, seed):
-        return unilm_example(
+        return unilm_rows(
             tokens,
             seed=seed,
             cls_id=cls_id,
@@ -206,4 +234,4 @@ def unilm(
             mode_probabilities=mode_probabilities,
         )
 
-    return make(batches.unbatch())
+    return make(batches).unbatch()
