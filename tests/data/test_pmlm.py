@@ -169,6 +169,16 @@ def test_masking_statistics_match_algorithm_1():
     for length, expected in per_length.items():
         assert abs(lengths[length] - num * expected) < 5 * math.sqrt(num * expected) + 1, length
 
+    # Where blocks land: position i and position n + 1 - i are masked equally often (Algorithm 1
+    # draws each start uniformly; the last block drawn, likelier long, may land anywhere). Over
+    # the 10 mirrored pairs, sum (c_i - c_mirror)^2 / (c_i + c_mirror) is chi-square, 10 dof
+    # (p = 0.001: 29.6); always placing the last block rightmost gave 135.
+    covered = np.zeros(n + 2)
+    for x in out:
+        np.add.at(covered, x["masked_positions"][: int(x["masked_weights"].sum())], 1)
+    left, right = covered[1 : n // 2 + 1], covered[n : n // 2 : -1]
+    assert ((left - right) ** 2 / (left + right)).sum() < 29.6, covered
+
     # Factorization order: over 3-block examples, which left-to-right block goes first,
     # second, third is uniform over the 6 permutations (chi-square, 5 dof, p = 0.001: 20.5).
     orders = []

@@ -126,3 +126,20 @@ def test_place_units_gives_every_layout_equal_chance_in_each_row():
         expected = (rows // 3) / len(want)
         chi = sum((counts[layout] - expected) ** 2 / expected for layout in want)
         assert chi < critical, (kind, chi, counts)
+
+
+def test_shuffled_units_take_every_layout_of_either_order():
+    # Units [3, 1] in 6 positions: 6 placements with the trigram first and 6 with it second,
+    # each 1/12 once the order is shuffled (in draw order the trigram would always come first).
+    rows = 6000
+    units = tf.constant([[3, 1, 0]] * rows, tf.int32)
+    shuffled = unilm.shuffle_units(units=units, seed=tf.constant([5, 6]))
+    pairs = shuffled.numpy()
+    assert (np.sort(pairs[:, :2], axis=1) == [1, 3]).all() and (pairs[:, 2] == 0).all()
+    got = unilm.place_units(n=6, units=shuffled, seed=tf.constant([7, 8])).numpy()
+    # 12 placements, 9 masks: a trigram next to the unigram looks the same either way round.
+    want = collections.Counter(_layouts(6, [3, 1]) + _layouts(6, [1, 3]))
+    counts = collections.Counter(tuple(row) for row in got)
+    assert sum(want.values()) == 12 and set(counts) == set(want), set(counts) ^ set(want)
+    chi = sum((counts[mask] - rows * k / 12) ** 2 / (rows * k / 12) for mask, k in want.items())
+    assert chi < 26.12, (chi, counts)  # 8 degrees of freedom, p = 0.001

@@ -50,7 +50,7 @@ import seqio
 import tensorflow as tf
 
 from lmsuite.data.preprocessors import lm, mlm
-from lmsuite.data.preprocessors.unilm import place_units
+from lmsuite.data.preprocessors.unilm import place_units, shuffle_units
 
 MASK_RATE = 0.15
 SPAN_RATE = 0.4
@@ -129,11 +129,14 @@ def pmlm_rows(
     (`mask_id`), the width P `max_predictions` and the replacement fractions. The rows draw
     from the one `seed`, each its own numbers."""
     max_predictions = spec.max_predictions
-    seeds = tf.random.experimental.stateless_split(seed, 4)
+    seeds = tf.random.experimental.stateless_split(seed, 5)
     rows, n = tf.shape(tokens)[0], tf.shape(tokens)[1]
     budget = tf.cast(tf.math.ceil(MASK_RATE * tf.cast(n, tf.float32) - 1e-4), tf.int32)
     budget = tf.clip_by_value(budget, 1, n)
     blocks = sample_blocks(rows=rows, budget=budget, n=n, seed=seeds[0])  # [R, B]
+    # The last block drawn (the one that reaches the budget) is likelier long than the others:
+    # placed in any order, so that it does not always sit rightmost.
+    blocks = shuffle_units(units=blocks, seed=seeds[4])
     masked = tf.reduce_sum(blocks, axis=1)
     num_blocks = tf.reduce_sum(tf.cast(blocks > 0, tf.int32), axis=1)
     checks = [
@@ -141,7 +144,7 @@ def pmlm_rows(
             masked, max_predictions, message="PMLM: more masked tokens than max_predictions"
         )
     ]
-    # place_units lays the blocks out left to right in draw order: the k-th masked chunk
+    # place_units lays the blocks out left to right in that order: the k-th masked chunk
     # position of a row belongs to the block whose cumulative length first exceeds k.
     chosen = place_units(n=n, units=blocks, seed=seeds[1])  # [R, n]
     rank = tf.cumsum(tf.cast(chosen, tf.int32), axis=1, exclusive=True)

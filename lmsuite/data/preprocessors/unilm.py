@@ -77,9 +77,27 @@ def sample_units(*, rows, budget, seed):
     return tf.where(before < budget, tf.minimum(draws, budget - before), 0)
 
 
+def shuffle_units(*, units, seed):
+    """`units` [rows, U] (zeros after each row's last) with each row's units in a uniformly
+    random order, zeros still after.
+
+    Units are drawn until they reach a budget, so the last one drawn is not like the others
+    (trimmed here, size-biased in UniLMv2's blocks); placed in draw order it would always be
+    the rightmost, and the positions near a chunk's end would be masked more or less often
+    than those near its start.
+
+    Example: [[3, 1, 2, 0]] -> one of [[3, 1, 2, 0]], [[2, 3, 1, 0]], ... (6 orders).
+    """
+    slot = tf.range(tf.shape(units)[1])[None, :]
+    num_units = tf.reduce_sum(tf.cast(units > 0, tf.int32), axis=1, keepdims=True)
+    keys = tf.where(slot < num_units, tf.random.stateless_uniform(tf.shape(units), seed), 2.0)
+    return tf.gather(units, tf.argsort(keys, axis=1), batch_dims=1)
+
+
 def place_units(*, n, units, seed):
     """Bool [rows, n]: each row's `units` (lengths [rows, U], zeros after its last) placed
-    without overlap, every layout that keeps their order equally likely.
+    without overlap, every layout that keeps their order equally likely (`shuffle_units`
+    first makes every layout of the units equally likely).
 
     A row with u units covering b positions has n - b + u slots: its u units and n - b single
     unmasked positions. The units take u of the slots chosen uniformly (the slots with the u
@@ -119,7 +137,7 @@ def unilm_rows(
     """UniLM features for chunks `tokens` [R, n] (n >= 2; see `unilm` for the example): the
     1-D features are ragged [R, None], the others [R, max_predictions] and [R]. The rows draw
     from the one `seed`, each its own numbers."""
-    seeds = tf.random.experimental.stateless_split(seed, 6)
+    seeds = tf.random.experimental.stateless_split(seed, 7)
     rows, n = tf.shape(tokens)[0], tf.shape(tokens)[1]
     mode = tf.random.stateless_categorical(
         tf.math.log([list(mode_probabilities)]), rows, seeds[0], dtype=tf.int32
@@ -150,6 +168,7 @@ def unilm_rows(
     budget = tf.cast(tf.round(mask_rate * tf.cast(n, tf.float32)), tf.int32)
     budget = tf.clip_by_value(budget, 1, max_predictions)
     units = sample_units(rows=rows, budget=budget, seed=seeds[2])
+    units = shuffle_units(units=units, seed=seeds[6])  # the trimmed last unit anywhere
     chosen = place_units(n=n, units=units, seed=seeds[3])
     # Every row has exactly `budget` chosen positions, listed in increasing order.
     chunk_positions = tf.reshape(tf.cast(tf.where(chosen)[:, 1], tf.int32), [rows, budget])
